@@ -1,0 +1,16 @@
+"""npudist: distributed PyTorch that runs the same way on NPUs, GPUs, MLUs, RK3588 boards and CPUs."""
+
+from npudist._version import __version__
+from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
+from npudist.dist import DistContext, DistInitError, init, shutdown
+
+__all__ = [
+    "Accelerator",
+    "AcceleratorUnavailable",
+    "DistContext",
+    "DistInitError",
+    "__version__",
+    "accelerator",
+    "init",
+    "shutdown",
+]

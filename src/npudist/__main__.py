@@ -1,0 +1,3 @@
+from npudist.cli import main
+
+main()

@@ -1,0 +1,58 @@
+"""The vendor table: everything npudist needs to know about an accelerator family, as data.
+
+Adding a vendor means adding a row here (and, only if it truly differs, a small module such as
+``rknpu.py``). Nothing else in npudist branches on vendor names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Vendor:
+    name: str
+    """What users type (``NPUDIST_ACCELERATOR=npu``)."""
+    device_type: str
+    """torch device type that tensors live on (``torch.device(device_type, i)``)."""
+    module: str | None
+    """Python package whose import activates the device in torch (``torch_npu`` registers ``torch.npu``)."""
+    backend: str
+    """torch.distributed backend used when torch's own device->backend map has no entry."""
+    visible_devices_var: str | None
+    """Variable the vendor runtime reads to restrict the visible devices."""
+    telemetry_source: str
+    """Name of the telemetry collector that reads this vendor's devices."""
+    stage_through_cpu: bool
+    """Collectives must copy tensors to host memory first (no collective library on the device)."""
+    tool: str | None
+    """Vendor command-line tool that lists devices and the processes holding them."""
+    default_nproc: int | None = None
+    """Ranks per node for ``--nproc-per-node auto`` when device_count() says nothing useful."""
+    board_probe: Callable[[], str | None] | None = None
+    """Extra availability check for boards torch cannot see; returns why it is absent, or None."""
+
+
+def _rknpu_probe() -> str | None:
+    from npudist.accelerators import rknpu
+
+    return rknpu.probe()
+
+
+# Detection order is the order of this table (most specific first, CPU always last).
+VENDORS: tuple[Vendor, ...] = (
+    # Ascend: torch_npu registers torch.npu and the "hccl" backend on import
+    # (https://gitee.com/ascend/pytorch, docs "Distributed training": backend="hccl").
+    Vendor("npu", "npu", "torch_npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "npu-smi", False, "npu-smi"),
+    Vendor("cuda", "cuda", None, "nccl", "CUDA_VISIBLE_DEVICES", "nvml", False, "nvidia-smi"),
+    # Cambricon: torch_mlu registers torch.mlu and the "cncl" backend (Cambricon PyTorch user guide).
+    Vendor("mlu", "mlu", "torch_mlu", "cncl", "MLU_VISIBLE_DEVICES", "cnmon", False, "cnmon"),
+    # RK3588: one NPU per board, no collective library; torch computes on the CPU unless rknnlite runs
+    # an .rknn model, and collectives go over gloo from host memory.
+    Vendor("rknpu", "cpu", None, "gloo", None, "rknpu", True, None, default_nproc=1,
+           board_probe=_rknpu_probe),
+    Vendor("cpu", "cpu", None, "gloo", None, "psutil", False, None, default_nproc=2),
+)
+
+BY_NAME: dict[str, Vendor] = {v.name: v for v in VENDORS}

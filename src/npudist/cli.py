@@ -1,0 +1,61 @@
+"""The `npudist` command. Each sub-command is a thin shell over a module that does the work."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from npudist._version import __version__
+
+app = typer.Typer(
+    name="npudist",
+    help="Distributed PyTorch on Ascend NPUs, NVIDIA GPUs, Cambricon MLUs, RK3588 boards and CPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"npudist {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Distributed PyTorch on any accelerator, with Prometheus telemetry."""
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    help="Start a distributed job: torchrun's options and SCRIPT [ARGS]; --nproc-per-node auto "
+    "(the default) uses the detected accelerator's devices. --mpi runs one rank under mpirun. "
+    "`npudist launch --help` lists every option.",
+)
+def launch(ctx: typer.Context) -> None:
+    from npudist import launch as launcher
+    from npudist.accelerators import AcceleratorUnavailable, accelerator
+
+    argv = list(ctx.args)
+    if not argv or argv[0] in ("-h", "--help"):
+        launcher.parser().print_help()
+        raise typer.Exit(0)
+    try:
+        code = launcher.run(argv, accelerator())
+    except (launcher.LaunchError, AcceleratorUnavailable, ValueError) as exc:
+        err.print(f"[bold red]npudist launch:[/] {exc}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,191 @@
+"""`npudist launch`: torchrun with device-aware defaults, or one MPI rank run directly.
+
+torchrun's own parser and elastic agent do the work; this module only fills in what torchrun cannot
+know (how many devices this accelerator has, a free port on a single node) and maps MPI variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from npudist.accelerators import Accelerator
+from npudist.dist.env import rank_info, torchrun_env
+
+CPU_NPROC_VAR = "NPUDIST_CPU_NPROC"
+
+
+class LaunchError(RuntimeError):
+    """The launch command cannot start as asked; the message says what to change."""
+
+
+@dataclass
+class LaunchPlan:
+    mode: str
+    """"torchrun" (the elastic agent starts the ranks) or "mpi" (this process is one rank)."""
+    torchrun_argv: list[str] = field(default_factory=list)
+    exec_argv: list[str] = field(default_factory=list)
+    exec_env: dict[str, str] = field(default_factory=dict)
+    nproc_per_node: int | None = None
+
+
+def parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus npudist's own options, so `--help` documents both."""
+    from torch.distributed.run import get_args_parser
+
+    p = get_args_parser()
+    p.prog = "npudist launch"
+    group = p.add_argument_group("npudist")
+    group.add_argument("--mpi", action="store_true",
+                       help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")
+    return p
+
+
+_OURS = {"--mpi": 0}
+
+
+def _option_given(tokens: Sequence[str], names: Sequence[str]) -> bool:
+    return any(t in names or any(t.startswith(n + "=") for n in names) for t in tokens)
+
+
+def _split(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    ns = parser().parse_args(list(argv))
+    tail = len(ns.training_script_args) + 1
+    return ns, list(argv[: len(argv) - tail]), list(argv[len(argv) - tail :])
+
+
+def resolve_nproc(value: str | None, acc: Accelerator, env: Mapping[str, str]) -> int:
+    """`auto` (or nothing) -> one rank per device; on CPU 2 ranks unless NPUDIST_CPU_NPROC says otherwise."""
+    if value not in (None, "auto"):
+        if not str(value).isdigit() or int(value) < 1:
+            raise LaunchError(f"--nproc-per-node {value!r}: give a positive integer or 'auto'")
+        return int(value)
+    if acc.vendor.default_nproc is not None:
+        raw = env.get(CPU_NPROC_VAR, "").strip() if acc.device_type == "cpu" else ""
+        if raw:
+            if not raw.isdigit() or int(raw) < 1:
+                raise LaunchError(f"{CPU_NPROC_VAR}={raw!r}: give a positive integer")
+            return int(raw)
+        return acc.vendor.default_nproc
+    count = acc.device_count()
+    if count < 1:
+        raise LaunchError(f"--nproc-per-node auto: {acc.name} reports no devices; pass a number instead")
+    return count
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host if host not in ("localhost",) else "127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _strip_ours(tokens: list[str]) -> list[str]:
+    out, skip = [], 0
+    for tok in tokens:
+        if skip:
+            skip -= 1
+            continue
+        name = tok.split("=", 1)[0]
+        if name in _OURS:
+            skip = _OURS[name] if "=" not in tok else 0
+            continue
+        out.append(tok)
+    return out
+
+
+def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> LaunchPlan:
+    """Turn `npudist launch` arguments into what to run, without running anything."""
+    if not argv or all(a.startswith("-") for a in argv):
+        raise LaunchError("give the training script to run: npudist launch [options] SCRIPT [ARGS]")
+    ns, head, tail = _split(argv)
+    if ns.mpi:
+        return _plan_mpi(ns, head, tail, env)
+    head = _strip_ours(head)
+    nproc = resolve_nproc(ns.nproc_per_node if _option_given(head, ("--nproc-per-node", "--nproc_per_node"))
+                          else None, acc, env)
+    head = [t for i, t in enumerate(head) if not _is_nproc_token(head, i)]
+    head = ["--nproc-per-node", str(nproc), *head]
+    single_node = str(ns.nnodes) in ("1", "1:1")
+    static = ns.rdzv_backend == "static" and not ns.standalone
+    if static and single_node and not _option_given(head, ("--master-port", "--master_port")):
+        # torchrun's fixed default (29500) collides with any other job on the machine; a single node
+        # needs no well-known port, so take a free one.
+        head = ["--master-port", str(free_port()), *head]
+    elif static and ns.master_port is not None and int(ns.node_rank) == 0 and port_in_use(
+        ns.master_addr, int(ns.master_port)
+    ):
+        raise LaunchError(
+            f"--master-port {ns.master_port} is already in use on this host (another job or a stale rank). "
+            "Choose a free port or stop the process holding it."
+        )
+    return LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc)
+
+
+def _is_nproc_token(tokens: list[str], i: int) -> bool:
+    names = ("--nproc-per-node", "--nproc_per_node")
+    tok = tokens[i]
+    if tok in names or any(tok.startswith(n + "=") for n in names):
+        return True
+    return i > 0 and tokens[i - 1] in names
+
+
+def _plan_mpi(ns: argparse.Namespace, head: list[str], tail: list[str], env: Mapping[str, str]) -> LaunchPlan:
+    info = rank_info(env)
+    if info.source not in ("openmpi", "mpich", "slurm"):
+        raise LaunchError(
+            "--mpi expects to be started by mpirun or srun, but none of OMPI_COMM_WORLD_RANK, PMI_RANK or "
+            "SLURM_PROCID is set. Run `mpirun -n N npudist launch --mpi SCRIPT`, or drop --mpi to use torchrun."
+        )
+    addr = env.get("MASTER_ADDR", "").strip()
+    if not addr:
+        if _option_given(head, ("--master-addr", "--master_addr")):
+            addr = ns.master_addr
+        elif info.local_world_size >= info.world_size:
+            addr = "127.0.0.1"  # every rank is on this host
+        else:
+            raise LaunchError(
+                f"{info.world_size} MPI ranks span several nodes: pass --master-addr HOST (the host of rank 0) "
+                "or export MASTER_ADDR through mpirun (-x MASTER_ADDR=HOST)."
+            )
+    raw_port = env.get("MASTER_PORT", "").strip() or (str(ns.master_port) if ns.master_port else "29500")
+    if not raw_port.isdigit():
+        raise LaunchError(f"MASTER_PORT / --master-port {raw_port!r} is not a port number")
+    child_env = {**env, **torchrun_env(info, addr, int(raw_port))}
+    script, args = tail[0], tail[1:]
+    if ns.no_python:
+        argv = [script, *args]
+    elif ns.module:
+        argv = [sys.executable, "-u", "-m", script, *args]
+    else:
+        argv = [sys.executable, "-u", script, *args]
+    return LaunchPlan("mpi", exec_argv=argv, exec_env=child_env)
+
+
+def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
+    """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script."""
+    the_plan = plan(argv, acc, dict(os.environ if env is None else env))
+    if the_plan.mode == "mpi":
+        os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)  # noqa: S606
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(the_plan.torchrun_argv)
+    except ChildFailedError as exc:
+        print(exc.format_msg(), file=sys.stderr)
+        return 1
+    return 0
