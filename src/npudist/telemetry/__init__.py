@@ -1,0 +1,5 @@
+"""Telemetry: device sources, training-loop metrics and one Prometheus exporter."""
+
+from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading
+
+__all__ = ["DeviceReading", "ParseError", "ProcessReading"]
