@@ -56,3 +56,22 @@ class ProcessReading:
     pid: int
     name: str | None = None
     memory_used_bytes: int | None = None
+
+
+class SourceError(RuntimeError):
+    """A device source could not produce readings this time (the poller counts it and carries on)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        """Short label for npudist_collector_errors_total{reason}: timeout, exit_code, parse, missing, error."""
+
+
+class Source:
+    """A device source: ``read()`` may block or raise SourceError; callers run it off the scrape path."""
+
+    name: str = "source"
+    vendor: str = "cpu"
+
+    def read(self) -> list[DeviceReading]:  # pragma: no cover - interface
+        raise NotImplementedError
