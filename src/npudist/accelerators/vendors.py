@@ -52,7 +52,7 @@ VENDORS: tuple[Vendor, ...] = (
     # an .rknn model, and collectives go over gloo from host memory.
     Vendor("rknpu", "cpu", None, "gloo", None, "rknpu", True, None, default_nproc=1,
            board_probe=_rknpu_probe),
-    Vendor("cpu", "cpu", None, "gloo", None, "psutil", False, None, default_nproc=2),
+    Vendor("cpu", "cpu", None, "gloo", None, "cpu", False, None, default_nproc=2),
 )
 
 BY_NAME: dict[str, Vendor] = {v.name: v for v in VENDORS}
