@@ -54,6 +54,30 @@ def launch(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+@app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails.")
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    import json
+
+    from rich.table import Table
+
+    from npudist import doctor as doc
+
+    results = doc.run_checks()
+    if as_json:
+        typer.echo(json.dumps(doc.as_document(results), indent=2))
+        raise typer.Exit(doc.exit_code(results))
+    table = Table(title=f"npudist doctor ({__version__})", show_lines=False)
+    for col in ("check", "status", "finding", "fix"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
+    Console().print(table)
+    raise typer.Exit(doc.exit_code(results))
+
+
 def main() -> None:
     try:
         app()

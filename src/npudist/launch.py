@@ -179,7 +179,7 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
     """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script."""
     the_plan = plan(argv, acc, dict(os.environ if env is None else env))
     if the_plan.mode == "mpi":
-        os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)  # noqa: S606
+        os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 

@@ -39,15 +39,19 @@ class Accelerator:
         return registered.get(self.device_type, self.vendor.backend)
 
     def _module(self) -> ModuleType:
-        # torch.cuda, torch.npu (added by torch_npu), torch.mlu, torch.cpu all share these calls.
-        return getattr(torch, self.device_type)
+        """torch.cuda, torch.npu (added by torch_npu), torch.mlu: the per-vendor module torch dispatches to.
 
-    def _uses_torch_accelerator(self) -> bool:
-        acc = getattr(torch, "accelerator", None)  # torch >= 2.6
-        if acc is None or not hasattr(acc, "current_accelerator"):
-            return False
-        current = acc.current_accelerator()
-        return current is not None and current.type == self.device_type
+        Preferred over torch.accelerator because every vendor documents it for every torch >= 2.1,
+        while torch.accelerator exists only from 2.6 and needs the vendor's C++ hooks. A vendor that
+        registers only with torch.accelerator still works through the fallback.
+        """
+        mod = getattr(torch, self.device_type, None)
+        if mod is not None:
+            return mod
+        acc = getattr(torch, "accelerator", None)
+        if acc is not None and acc.current_accelerator() is not None:
+            return _AcceleratorModule(acc)
+        raise RuntimeError(f"torch has neither torch.{self.device_type} nor torch.accelerator for it")
 
     def is_available(self) -> bool:
         from npudist.accelerators.detect import why_unavailable
@@ -57,17 +61,12 @@ class Accelerator:
     def device_count(self) -> int:
         if self.device_type == "cpu":
             return 1
-        if self._uses_torch_accelerator():
-            return int(torch.accelerator.device_count())
         return int(self._module().device_count())
 
     def set_device(self, index: int) -> None:
         if self.device_type == "cpu":
             return
-        if self._uses_torch_accelerator() and hasattr(torch.accelerator, "set_device_index"):
-            torch.accelerator.set_device_index(index)
-        else:
-            self._module().set_device(index)
+        self._module().set_device(index)
 
     def device(self, index: int | None = None) -> torch.device:
         if self.device_type == "cpu":
@@ -79,10 +78,7 @@ class Accelerator:
     def synchronize(self, index: int | None = None) -> None:
         if self.device_type == "cpu":
             return
-        if self._uses_torch_accelerator():
-            torch.accelerator.synchronize(index)
-        else:
-            self._module().synchronize(index)
+        self._module().synchronize(index)
 
     def memory_stats(self, index: int | None = None) -> dict[str, int]:
         """Allocator bytes ``{"allocated_bytes", "reserved_bytes"}``; empty where the vendor has none."""
@@ -95,3 +91,22 @@ class Accelerator:
             "allocated_bytes": int(mod.memory_allocated(index)),
             "reserved_bytes": int(mod.memory_reserved(index)),
         }
+
+
+class _AcceleratorModule:
+    """torch.accelerator (torch >= 2.6) under the names of a vendor device module."""
+
+    def __init__(self, acc: ModuleType) -> None:
+        self._acc = acc
+
+    def device_count(self) -> int:
+        return self._acc.device_count()
+
+    def set_device(self, index: int) -> None:
+        self._acc.set_device_index(index)
+
+    def current_device(self) -> int:
+        return self._acc.current_device_index()
+
+    def synchronize(self, index: int | None = None) -> None:
+        self._acc.synchronize(index)

@@ -34,7 +34,7 @@ def _import_reason(module: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def why_unavailable(vendor: Vendor) -> str | None:
     """None when the vendor can be used in this process, else a one-line reason."""
     if vendor.module:
@@ -69,7 +69,7 @@ def get(name: str) -> Accelerator:
     return Accelerator(vendor)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _detect(forced: str | None) -> Accelerator:
     if forced:
         return get(forced)

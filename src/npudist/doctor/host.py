@@ -1,0 +1,54 @@
+"""The world the doctor inspects, injectable so every check runs against a fabricated host in tests."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _interfaces() -> dict[str, list[str]]:
+    import psutil
+
+    return {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+
+
+def _run(argv: list[str], timeout: float) -> str:
+    """Run a vendor tool; its own errors become empty output, the doctor reports the tool as unusable."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {done.returncode}: {done.stderr.strip()[:200]}")
+    return done.stdout
+
+
+def _fs_size(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_frsize * st.f_blocks
+
+
+def _resolve(host: str) -> list[str]:
+    return sorted({info[4][0] for info in socket.getaddrinfo(host, None)})
+
+
+@dataclass
+class Host:
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    root: Path = Path("/")
+    """Where /dev/shm and other absolute files are read from."""
+    nofile: Callable[[], tuple[int, int]] = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)
+    interfaces: Callable[[], dict[str, list[str]]] = _interfaces
+    resolve: Callable[[str], list[str]] = _resolve
+    run: Callable[[list[str], float], str] = _run
+    fs_size: Callable[[Path], int] = _fs_size
+    tool_timeout: float = 10.0
+
+    def which(self, tool: str) -> str | None:
+        return shutil.which(tool, path=self.env.get("PATH", os.defpath))
+
+    def path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
