@@ -52,8 +52,14 @@ def _option_given(tokens: Sequence[str], names: Sequence[str]) -> bool:
     return any(t in names or any(t.startswith(n + "=") for n in names) for t in tokens)
 
 
+def _refuse(message: str):
+    raise LaunchError(f"{message} (usage: npudist launch [torchrun options] SCRIPT [ARGS]; see --help)")
+
+
 def _split(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
-    ns = parser().parse_args(list(argv))
+    p = parser()
+    p.error = _refuse  # argparse would print and sys.exit; callers get a LaunchError instead
+    ns = p.parse_args(list(argv))
     tail = len(ns.training_script_args) + 1
     return ns, list(argv[: len(argv) - tail]), list(argv[len(argv) - tail :])
 
@@ -109,7 +115,7 @@ def _strip_ours(tokens: list[str]) -> list[str]:
 
 def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> LaunchPlan:
     """Turn `npudist launch` arguments into what to run, without running anything."""
-    if not argv or all(a.startswith("-") for a in argv):
+    if not argv:
         raise LaunchError("give the training script to run: npudist launch [options] SCRIPT [ARGS]")
     ns, head, tail = _split(argv)
     if ns.mpi:

@@ -311,16 +311,15 @@ def parse_nvidia_apps(text: str) -> list[tuple[int, str]]:
     return rows
 
 
-def _npu_processes(host: Host) -> list[tuple[int, str]]:
+def _npu_processes(host: Host, exe: str) -> list[tuple[int, str]]:
     from npudist.telemetry import npu_smi
 
-    return [(p.pid, p.name or "?") for p in npu_smi.parse_processes(host.run(["npu-smi", "info"],
-                                                                              host.tool_timeout))]
+    return [(p.pid, p.name or "?") for p in npu_smi.parse_processes(host.run([exe, "info"], host.tool_timeout))]
 
 
-def _nvidia_processes(host: Host) -> list[tuple[int, str]]:
-    return parse_nvidia_apps(host.run(["nvidia-smi", "--query-compute-apps=pid,process_name",
-                                       "--format=csv,noheader"], host.tool_timeout))
+def _nvidia_processes(host: Host, exe: str) -> list[tuple[int, str]]:
+    return parse_nvidia_apps(host.run([exe, "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+                                      host.tool_timeout))
 
 
 _PROCESS_LISTERS = (("npu-smi", _npu_processes), ("nvidia-smi", _nvidia_processes))
@@ -331,11 +330,12 @@ def device_processes(host: Host) -> list[CheckResult]:
     out = []
     for tool, lister in _PROCESS_LISTERS:
         name = f"processes:{tool}"
-        if not host.which(tool):
+        exe = host.which(tool)
+        if not exe:
             out.append(CheckResult(name, SKIP, f"{tool} not on PATH"))
             continue
         try:
-            procs = lister(host)
+            procs = lister(host, exe)
         except Exception as exc:  # a vendor tool printing garbage must not stop the doctor
             out.append(CheckResult(name, WARN, f"could not read {tool}'s process table: {exc}",
                                    f"run `{tool}` by hand to see what it prints"))

@@ -1,0 +1,70 @@
+"""Rank layouts from each launcher's variables, written as the launchers document them."""
+
+import pytest
+
+from npudist.dist.env import EnvError, rank_info, torchrun_env
+
+
+def test_no_launcher_is_a_world_of_one():
+    info = rank_info({})
+    assert (info.rank, info.world_size, info.local_rank, info.source) == (0, 1, 0, "single")
+    assert not info.needs_rendezvous_address
+
+
+def test_torchrun_variables():
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    info = rank_info(env)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.node_rank) == (5, 8, 1, 4, 1)
+    assert info.source == "torchrun" and not info.needs_rendezvous_address
+
+
+def test_open_mpi_variables():
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    info = rank_info(env)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (3, 4, 1, 2)
+    assert info.node_rank == 1  # rank 3 with 2 ranks per node sits on the second node
+    assert info.source == "openmpi" and info.needs_rendezvous_address
+
+
+def test_mpich_intel_mpi_variables():
+    info = rank_info({"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "3"})
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.source) == (2, 3, 2, 3, "mpich")
+
+
+def test_slurm_variables_with_compressed_tasks_per_node():
+    env = {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_TASKS_PER_NODE": "4(x2)",
+           "SLURM_NODEID": "1"}
+    info = rank_info(env)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.node_rank) == (6, 8, 2, 4, 1)
+    assert info.source == "slurm"
+
+
+def test_innermost_launcher_wins():
+    # torchrun started inside a Slurm allocation: torchrun's variables describe this process.
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+           "LOCAL_WORLD_SIZE": "2"}
+    assert rank_info(env).source == "torchrun"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x'"),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is outside 0..1"),
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "0"}, "OMPI_COMM_WORLD_SIZE=0"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=3"),
+    ],
+)
+def test_bad_values_name_the_variable(env, named):
+    with pytest.raises(EnvError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        rank_info(env)
+
+
+def test_torchrun_env_round_trips():
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    mapped = torchrun_env(rank_info(env), "10.0.0.1", 1234)
+    assert mapped["MASTER_ADDR"] == "10.0.0.1" and mapped["MASTER_PORT"] == "1234"
+    again = rank_info(mapped)
+    assert (again.rank, again.world_size, again.local_rank, again.source) == (1, 2, 1, "torchrun")

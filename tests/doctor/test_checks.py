@@ -1,0 +1,195 @@
+"""Each doctor check against a fabricated host: variables, fake binaries on PATH, temporary file trees."""
+
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from npudist.doctor import FAIL, OK, SKIP, WARN, Host, as_document, checks, exit_code, run_checks
+from tests.conftest import FAKES, child_env, run_npudist
+
+
+def _host(**kw) -> Host:
+    kw.setdefault("env", {"PATH": ""})
+    return Host(**kw)
+
+
+def _by_name(results):
+    return {r.name: r for r in (results if isinstance(results, list) else [results])}
+
+
+def _script(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!{sys.executable}\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_shm_below_one_gib_warns_with_the_container_fix(tmp_path):
+    (tmp_path / "dev/shm").mkdir(parents=True)
+    small = checks.shm(_host(root=tmp_path, fs_size=lambda p: 64 << 20))
+    assert small.status == WARN and "0.06 GiB" in small.finding and "--shm-size" in small.fix
+    big = checks.shm(_host(root=tmp_path, fs_size=lambda p: 8 << 30))
+    assert big.status == OK
+    assert checks.shm(_host(root=tmp_path / "nothing")).status == SKIP
+
+
+def test_open_files_limit():
+    low = checks.open_files(_host(nofile=lambda: (1024, 4096)))
+    assert low.status == WARN and "1024" in low.finding and low.fix.startswith("ulimit -n 4096")
+    assert checks.open_files(_host(nofile=lambda: (1048576, 1048576))).status == OK
+
+
+def test_master_addr_unresolvable_fails_and_busy_port_warns():
+    def no_dns(name):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        got = _by_name(checks.master_addr(_host(env={"MASTER_ADDR": "node-zero", "MASTER_PORT": str(port)},
+                                                resolve=no_dns)))
+    assert got["master-addr"].status == FAIL and "node-zero does not resolve" in got["master-addr"].finding
+    assert got["master-port"].status == WARN and f"MASTER_PORT={port} is in use" in got["master-port"].finding
+    ok = _by_name(checks.master_addr(_host(env={"MASTER_ADDR": "h", "MASTER_PORT": "http"},
+                                           resolve=lambda n: ["10.0.0.7"])))
+    assert ok["master-addr"].status == OK and "10.0.0.7" in ok["master-addr"].finding
+    assert ok["master-port"].status == FAIL
+
+
+IFACES = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"], "eth1": ["10.0.1.5"], "ib0": ["192.168.9.9"]}
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "status", "text"),
+    [
+        ("HCCL_IF_IP", "10.0.0.5", OK, "is on eth0"),
+        ("HCCL_IF_IP", "10.0.0.99", FAIL, "not an address of this host"),
+        ("NCCL_SOCKET_IFNAME", "eth", OK, "selects eth0, eth1"),  # NCCL matches prefixes
+        ("NCCL_SOCKET_IFNAME", "=eth", FAIL, "matches no interface"),  # '=' asks for the exact name
+        ("NCCL_SOCKET_IFNAME", "^lo,eth", OK, "selects ib0"),  # '^' excludes
+        ("GLOO_SOCKET_IFNAME", "ib0", OK, "selects ib0"),
+        ("GLOO_SOCKET_IFNAME", "eth", FAIL, "matches no interface"),  # gloo takes exact names
+    ],
+)
+def test_network_interface_variables(var, value, status, text):
+    got = _by_name(checks.network_interfaces(_host(env={var: value}, interfaces=lambda: IFACES)))[var]
+    assert got.status == status and text in got.finding
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "text"),
+    [(None, OK, "default 120 s"), ("600", OK, "=600 s"), ("60", FAIL, "outside [120, 7200]"),
+     ("2m", FAIL, "not an integer")],
+)
+def test_hccl_connect_timeout(value, status, text):
+    env = {} if value is None else {"HCCL_CONNECT_TIMEOUT": value}
+    got = _by_name(checks.hccl_timeouts(_host(env=env)))["HCCL_CONNECT_TIMEOUT"]
+    assert got.status == status and text in got.finding
+
+
+def _cann_tree(tmp_path: Path, with_lib: bool) -> dict[str, str]:
+    home = tmp_path / "Ascend/ascend-toolkit/latest"
+    (home / "x86_64-linux").mkdir(parents=True)
+    (home / "x86_64-linux/ascend_toolkit_install.info").write_text(
+        "package_name=Ascend-cann-toolkit\nversion=8.0.RC1\ninnerversion=V100R001C17B214\narch=x86_64\n")
+    lib = home / "lib64"
+    lib.mkdir()
+    if with_lib:
+        (lib / "libascendcl.so").write_bytes(b"")
+    return {"ASCEND_HOME_PATH": str(home), "LD_LIBRARY_PATH": f"/usr/lib:{lib}"}
+
+
+def test_ascend_env_reads_the_toolkit_version(tmp_path):
+    got = checks.ascend_env(_host(env=_cann_tree(tmp_path, with_lib=True)))
+    assert got.status == OK and "CANN 8.0.RC1" in got.finding
+
+
+def test_ascend_env_without_runtime_libraries_fails(tmp_path):
+    got = checks.ascend_env(_host(env=_cann_tree(tmp_path, with_lib=False)))
+    assert got.status == FAIL and "libascendcl.so" in got.finding and "set_env.sh" in got.fix
+
+
+def test_ascend_env_pointing_nowhere_fails(tmp_path):
+    got = checks.ascend_env(_host(env={"ASCEND_TOOLKIT_HOME": str(tmp_path / "gone")}))
+    assert got.status == FAIL and "does not exist" in got.finding
+
+
+def test_toolkit_version_formats():
+    assert checks.parse_toolkit_version("Version=7.0.0.5.242\n") == "7.0.0.5.242"
+    assert checks.parse_toolkit_version("runtime_running_version=[7.0.0:7.0]\nversion=[6.3.RC2:6.3]") == "6.3.RC2"
+    assert checks.parse_toolkit_version("nothing here") is None
+
+
+def test_vendor_tools_and_processes_from_a_fake_nvidia_smi(tmp_path):
+    # The query format nvidia-smi documents for --query-compute-apps with csv,noheader.
+    _script(tmp_path / "bin", "nvidia-smi", "print('4242, python3\\n777, /usr/bin/vllm')")
+    host = _host(env={"PATH": str(tmp_path / "bin")})
+    tools = _by_name(checks.vendor_tools(host))
+    assert tools["tool:nvidia-smi"].status == OK and str(tmp_path / "bin") in tools["tool:nvidia-smi"].finding
+    assert tools["tool:npu-smi"].status == SKIP
+    procs = _by_name(checks.device_processes(host))["processes:nvidia-smi"]
+    assert procs.status == WARN and "4242 (python3)" in procs.finding and "777 (/usr/bin/vllm)" in procs.finding
+
+
+def test_a_vendor_tool_that_fails_is_a_warning_not_a_crash(tmp_path):
+    _script(tmp_path / "bin", "nvidia-smi", "import sys; print('NVIDIA-SMI has failed', file=sys.stderr); sys.exit(9)")
+    procs = _by_name(checks.device_processes(_host(env={"PATH": str(tmp_path / "bin")})))["processes:nvidia-smi"]
+    assert procs.status == WARN and "exited 9" in procs.finding
+
+
+def test_a_crashing_check_becomes_a_failed_result(monkeypatch):
+    def boom(host):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(checks, "CHECKS", [("boom", boom)])
+    import npudist.doctor as doc
+
+    monkeypatch.setattr(doc, "CHECKS", [("boom", boom)])
+    results = run_checks(_host())
+    assert [(r.name, r.status) for r in results] == [("boom", FAIL)] and "KeyError" in results[0].finding
+    assert exit_code(results) == 1 and as_document(results)["summary"]["fail"] == 1
+
+
+ISSUE_CHECKS = {"python", "torch", "accelerator:npu", "accelerator:cuda", "accelerator:mlu", "accelerator:rknpu",
+                "accelerator:cpu", "tool:npu-smi", "tool:nvidia-smi", "tool:cnmon", "ascend-env", "backends",
+                "shm", "open-files", "master-addr", "master-port", "torch-npu-version", "network-interfaces",
+                "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "processes:npu-smi", "processes:nvidia-smi"}
+
+
+def test_doctor_json_document_names_every_check():
+    done = run_npudist(["doctor", "--json"])
+    doc = json.loads(done.stdout)
+    assert set(doc) == {"npudist", "checks", "summary", "exit_code"}
+    names = {c["name"] for c in doc["checks"]}
+    assert names >= ISSUE_CHECKS, ISSUE_CHECKS - names
+    for c in doc["checks"]:
+        assert set(c) == {"name", "status", "finding", "fix"} and c["status"] in ("ok", "warn", "fail", "skip")
+        assert c["finding"]
+    assert sum(doc["summary"].values()) == len(doc["checks"])
+    assert done.returncode == doc["exit_code"] == (1 if doc["summary"]["fail"] else 0)
+
+
+def test_doctor_fails_on_a_broken_torch_npu():
+    env = child_env(pythonpath=[FAKES / "vendors_broken"])
+    done = run_npudist(["doctor", "--json"], env=env)
+    doc = json.loads(done.stdout)
+    npu = next(c for c in doc["checks"] if c["name"] == "accelerator:npu")
+    assert npu["status"] == "fail" and "libhccl.so" in npu["finding"]
+    assert done.returncode == 1
+
+
+def test_doctor_flags_torch_npu_built_for_another_torch():
+    env = child_env({"PATH": os.environ.get("PATH", "")}, pythonpath=[FAKES / "vendors"])
+    doc = json.loads(run_npudist(["doctor", "--json"], env=env).stdout)
+    by = {c["name"]: c for c in doc["checks"]}
+    assert by["accelerator:npu"]["status"] == "ok"
+    # the fake reports torch_npu 2.1.0.post3, the torch here is 2.13: the 'undefined symbol' trap
+    assert by["torch-npu-version"]["status"] == "fail" and "2.1.0.post3" in by["torch-npu-version"]["finding"]
+    assert by["ascend-env"]["status"] == "fail"  # torch_npu present, CANN environment not sourced
+    assert by["tool:npu-smi"]["status"] == "warn"  # device available, its tool missing

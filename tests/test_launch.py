@@ -1,0 +1,126 @@
+"""`npudist launch` planning (pure) and the example job run for real through it."""
+
+import re
+import socket
+
+import pytest
+
+from npudist.accelerators import BY_NAME, Accelerator
+from npudist.launch import LaunchError, plan, resolve_nproc
+from tests.conftest import child_env, run_npudist
+
+CPU = Accelerator(BY_NAME["cpu"])
+
+
+class _EightDevices(Accelerator):
+    def device_count(self) -> int:
+        return 8
+
+
+NPU8 = _EightDevices(BY_NAME["npu"])
+
+
+def _value(argv: list[str], option: str) -> str:
+    return argv[argv.index(option) + 1]
+
+
+def test_auto_is_two_ranks_on_cpu_and_overridable():
+    assert resolve_nproc("auto", CPU, {}) == 2
+    assert resolve_nproc(None, CPU, {"NPUDIST_CPU_NPROC": "3"}) == 3
+    with pytest.raises(LaunchError, match="NPUDIST_CPU_NPROC='zero'"):
+        resolve_nproc("auto", CPU, {"NPUDIST_CPU_NPROC": "zero"})
+
+
+def test_auto_is_one_rank_per_device_on_an_accelerator():
+    assert resolve_nproc("auto", NPU8, {}) == 8
+    assert resolve_nproc("3", NPU8, {}) == 3
+    with pytest.raises(LaunchError, match="positive integer or 'auto'"):
+        resolve_nproc("-1", NPU8, {})
+
+
+def test_plan_fills_nproc_and_a_free_port_and_passes_everything_else():
+    p = plan(["--max-restarts", "3", "train.py", "--steps", "5", "--nproc-per-node", "9"], NPU8, {})
+    assert p.mode == "torchrun"
+    argv = p.torchrun_argv
+    assert _value(argv, "--nproc-per-node") == "8"
+    assert int(_value(argv, "--master-port")) > 0
+    assert _value(argv, "--max-restarts") == "3"
+    # the script's own arguments are untouched, including one that looks like a launcher option
+    assert argv[argv.index("train.py"):] == ["train.py", "--steps", "5", "--nproc-per-node", "9"]
+
+
+@pytest.mark.parametrize("given", [["--nproc-per-node", "4"], ["--nproc_per_node=4"], ["--nproc-per-node=4"]])
+def test_explicit_nproc_in_any_spelling_wins(given):
+    argv = plan([*given, "train.py"], NPU8, {}).torchrun_argv
+    assert argv.count("--nproc-per-node") == 1 and _value(argv, "--nproc-per-node") == "4"
+    assert not any(a.startswith("--nproc_per_node") or a.startswith("--nproc-per-node=") for a in argv)
+
+
+def test_multi_node_rendezvous_is_left_to_torchrun():
+    argv = plan(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "t.py"],
+                CPU, {}).torchrun_argv
+    assert "--master-port" not in argv and _value(argv, "--rdzv-endpoint") == "127.0.0.1:29400"
+
+
+def test_busy_master_port_is_refused_with_a_reason():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"--master-port {port} is already in use"):
+            plan(["--nnodes", "2", "--master-port", str(port), "t.py"], CPU, {})
+
+
+def test_no_script_is_an_error():
+    with pytest.raises(LaunchError, match="required: training_script"):
+        plan(["--nproc-per-node", "2"], CPU, {})
+
+
+def test_mpi_mode_needs_an_mpi_launcher():
+    with pytest.raises(LaunchError, match="OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID"):
+        plan(["--mpi", "t.py"], CPU, {})
+
+
+def test_mpi_mode_maps_variables_for_the_script():
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PATH": "/bin"}
+    p = plan(["--mpi", "--master-port", "31000", "t.py", "--x", "1"], CPU, env)
+    assert p.mode == "mpi" and p.exec_argv[-3:] == ["t.py", "--x", "1"]
+    assert {k: p.exec_env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "31000"}
+    assert p.exec_env["PATH"] == "/bin"
+
+
+def test_mpi_mode_across_nodes_needs_an_address():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    with pytest.raises(LaunchError, match="--master-addr HOST"):
+        plan(["--mpi", "t.py"], CPU, env)
+    assert plan(["--mpi", "--master-addr", "10.1.1.1", "t.py"], CPU, env).exec_env["MASTER_ADDR"] == "10.1.1.1"
+
+
+@pytest.mark.slow
+def test_example_trains_on_two_ranks_and_loss_falls():
+    done = run_npudist(["launch", "--nproc-per-node", "2", "examples/train_ddp.py", "--steps", "100"],
+                       env=child_env(), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"^step=\d+ loss=([\d.]+)", done.stdout, re.MULTILINE)]
+    assert len(losses) >= 5
+    assert losses[-1] < 0.6 * losses[0]  # ln(64) ~ 4.2 at the start; the pattern is learnable
+    assert "rank=0 done steps=100" in done.stdout and "rank=1 done steps=100" in done.stdout
+    assert "world=2 accelerator=cpu backend=gloo" in done.stdout
+    assert re.search(r"^final step=100 loss=[\d.]+ params_sha256=[0-9a-f]{64}$", done.stdout, re.MULTILINE)
+
+
+def test_launch_reports_a_failing_rank():
+    done = run_npudist(["launch", "--nproc-per-node", "1", "-m", "json.tool", "/does/not/exist"], timeout=120)
+    assert done.returncode == 1
+    assert "/does/not/exist" in done.stderr
+
+
+def test_cli_version_and_launch_errors():
+    import npudist
+
+    v = run_npudist(["--version"])
+    assert v.returncode == 0 and v.stdout.strip() == f"npudist {npudist.__version__}"
+    bad = run_npudist(["launch", "--nproc-per-node", "0", "x.py"])
+    assert bad.returncode == 2 and "--nproc-per-node '0'" in bad.stderr
