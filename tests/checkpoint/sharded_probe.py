@@ -1,0 +1,20 @@
+"""Two ranks save and reload a sharded checkpoint through torch.distributed.checkpoint."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import npudist
+from npudist import checkpoint
+
+run_dir = Path(sys.argv[1])
+ctx = npudist.init()
+state = {"w": torch.arange(6, dtype=torch.float32) * 3, "b": torch.ones(2) * 7}
+path = checkpoint.save(state, run_dir, 4, sharded=True)
+template = {"w": torch.zeros(6), "b": torch.zeros(2)}
+loaded, step = checkpoint.load_latest(run_dir, template=template)
+(run_dir / f"rank{ctx.rank}.json").write_text(json.dumps(
+    {"step": step, "w": loaded["w"].tolist(), "b": loaded["b"].tolist(), "writer": path is not None}))
+npudist.shutdown()
