@@ -4,6 +4,8 @@
 
 The batch for a step is a pure function of (seed, step), split across ranks, so the global batch is
 the same whatever the world size and a resumed run sees exactly the samples of an uninterrupted one.
+With --run-dir it checkpoints every --checkpoint-every steps and resumes from the newest good
+checkpoint on start, so a killed and restarted run ends bit-for-bit where an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import npudist
+from npudist import checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", default=None, help="checkpoints go here; the run resumes from them")
+    p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (with --run-dir)")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     p.add_argument("--global-batch-size", type=int, default=32, help="sequences per step over all ranks")
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--vocab", type=int, default=64)
@@ -33,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--log-every", type=int, default=10)
     args = p.parse_args(argv)
-    for name in ("steps", "global_batch_size", "seq_len", "vocab", "d_model", "layers", "log_every"):
+    for name in ("steps", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab", "d_model", "layers",
+                 "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -79,6 +86,21 @@ def params_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer,
+           ctx: npudist.DistContext) -> tuple[int, float]:
+    """Load the newest good checkpoint into model and optimizer; (0, nan) when starting fresh."""
+    found = checkpoint.load_latest(run_dir) if run_dir else None
+    if found is None:
+        return 0, math.nan
+    state, step = found
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    torch.set_rng_state(state["rng"])
+    if ctx.is_main:
+        print(f"resumed from step={step} run_dir={run_dir}", flush=True)
+    return step, float(state["loss"])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = npudist.init()
@@ -90,10 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len).to(ctx.device)
     ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-    loss_value = math.nan
+    start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0
     try:
-        for step in range(1, args.steps + 1):
+        for step in range(start + 1, args.steps + 1):
             batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
             mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
             logits = ddp(mine[:, :-1])
@@ -110,6 +132,11 @@ def main(argv: list[str] | None = None) -> None:
                           f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
                           flush=True)
                 window_start, window_samples = time.perf_counter(), 0
+            if args.run_dir and (step % args.checkpoint_every == 0 or step == args.steps):
+                loss_value = float(loss.detach())
+                checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+                                 "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
+                                keep=args.keep)
         print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
