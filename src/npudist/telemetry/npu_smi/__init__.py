@@ -1,0 +1,25 @@
+"""Huawei Ascend ``npu-smi``: pure parsers for its outputs and a reader that runs it.
+
+``parse`` (the ``info`` table or JSON), ``parse_processes`` (its process table), ``parse_kv``
+(``info -t ...`` key/value outputs), ``parse_mapping`` (``info -m``), and ``NpuSmiSource``.
+"""
+
+from npudist.telemetry.merge import merge_readings
+from npudist.telemetry.npu_smi.kv import parse_kv, parse_kv_blocks
+from npudist.telemetry.npu_smi.mapping import parse_mapping, with_logical_ids
+from npudist.telemetry.npu_smi.source import QUERIES, NpuSmiSource
+from npudist.telemetry.npu_smi.table import NpuSmiTable, parse, parse_processes, parse_table
+
+__all__ = [
+    "QUERIES",
+    "NpuSmiSource",
+    "NpuSmiTable",
+    "merge_readings",
+    "parse",
+    "parse_kv",
+    "parse_kv_blocks",
+    "parse_mapping",
+    "parse_processes",
+    "parse_table",
+    "with_logical_ids",
+]

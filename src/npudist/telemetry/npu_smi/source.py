@@ -1,0 +1,77 @@
+"""The reader: runs ``npu-smi`` with a hard timeout and hands its text to the pure parsers."""
+
+from __future__ import annotations
+
+import subprocess
+
+from npudist.telemetry.npu_smi.kv import parse_kv
+from npudist.telemetry.npu_smi.mapping import parse_mapping
+from npudist.telemetry.npu_smi.table import NpuSmiTable, parse_table
+from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
+
+QUERIES = ("usages", "power", "temp", "memory", "health", "common")
+"""``npu-smi info -t TYPE`` values parse_kv understands (Ascend npu-smi reference, "info -t")."""
+
+
+class NpuSmiSource(Source):
+    """Huawei Ascend devices via ``npu-smi info``; every failure is a SourceError with a short reason."""
+
+    name = "npu-smi"
+    vendor = "npu"
+
+    def __init__(self, binary: str = "npu-smi", timeout: float = 5.0) -> None:
+        self.binary = binary
+        self.timeout = timeout
+
+    def run(self, *args: str) -> str:
+        """stdout of ``npu-smi ARGS``; SourceError reason missing / timeout / exit_code."""
+        cmd = [self.binary, *args]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                                  timeout=self.timeout, check=False)
+        except FileNotFoundError:
+            raise SourceError("missing", f"{self.binary!r} not found on PATH: install the Ascend driver "
+                              "(it ships npu-smi) or pass the binary's full path") from None
+        except subprocess.TimeoutExpired:
+            raise SourceError("timeout", f"`{' '.join(cmd)}` gave no answer within {self.timeout:g} s "
+                              "(driver busy or hung); it was killed") from None
+        except OSError as exc:
+            raise SourceError("missing", f"cannot run {self.binary!r}: {exc}") from None
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise SourceError("exit_code", f"`{' '.join(cmd)}` exited with {proc.returncode}: {detail[0]}")
+        return proc.stdout
+
+    def table(self) -> NpuSmiTable:
+        """Devices, processes and skipped rows from one ``npu-smi info`` run."""
+        text = self.run("info")
+        try:
+            return parse_table(text)
+        except ParseError as exc:
+            raise SourceError("parse", f"`{self.binary} info` output unreadable: {exc}") from None
+
+    def read(self) -> list[DeviceReading]:
+        return list(self.table().devices)
+
+    def processes(self) -> list[ProcessReading]:
+        """Processes holding NPUs (for the doctor's "accelerators still busy" check)."""
+        return list(self.table().processes)
+
+    def logical_ids(self) -> dict[tuple[int, int], int]:
+        """(NPU ID, Chip ID) -> Chip Logic ID from ``npu-smi info -m``."""
+        text = self.run("info", "-m")
+        try:
+            return parse_mapping(text)
+        except ParseError as exc:
+            raise SourceError("parse", f"`{self.binary} info -m` output unreadable: {exc}") from None
+
+    def query(self, kind: str, npu_id: int, chip_id: int | None = None) -> list[DeviceReading]:
+        """Partial readings from ``npu-smi info -t KIND -i NPU_ID [-c CHIP_ID]``."""
+        if kind not in QUERIES:
+            raise ValueError(f"unknown npu-smi query {kind!r}; use one of {', '.join(QUERIES)}")
+        args = ["info", "-t", kind, "-i", str(npu_id)] + (["-c", str(chip_id)] if chip_id is not None else [])
+        text = self.run(*args)
+        try:
+            return parse_kv(text, npu_id=npu_id, chip_id=chip_id)
+        except ParseError as exc:
+            raise SourceError("parse", f"`{self.binary} {' '.join(args)}` output unreadable: {exc}") from None

@@ -1,0 +1,85 @@
+"""NpuSmiSource runs the fake `npu-smi` (tests/fakes/bin) and turns each failure into a SourceError reason."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from npudist.telemetry import Source, SourceError
+from npudist.telemetry.npu_smi import NpuSmiSource
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+MIB = 1048576
+
+
+@pytest.fixture
+def fake_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for var in [k for k in os.environ if k.startswith("NPUDIST_FAKE_NPU_SMI")]:
+        monkeypatch.delenv(var)
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_ARGS", str(log))
+    return log
+
+
+def test_reads_devices_and_processes_from_path(fake_path, monkeypatch):
+    duo = FAKES / "npu-smi" / "310p3-duo-24.1.0.1-processes.txt"
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(duo))
+    src = NpuSmiSource()
+    assert isinstance(src, Source) and (src.name, src.vendor) == ("npu-smi", "npu")
+    readings = src.read()
+    assert [(r.device_id, r.chip_id) for r in readings] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert readings[0].memory_used_bytes == 16302 * MIB
+    assert [p.pid for p in src.processes()] == [3277562, 3277565, 3034986, 3034989]
+    assert fake_path.read_text().splitlines() == ["info", "info"]
+
+
+def test_logical_ids_and_queries(fake_path, monkeypatch, tmp_path):
+    only_910b = tmp_path / "t"
+    only_910b.mkdir()
+    (only_910b / "t-power-910b.txt").write_text((FAKES / "npu-smi" / "t-power-910b.txt").read_text())
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_T_DIR", str(only_910b))
+    src = NpuSmiSource()
+    assert src.logical_ids() == {(3, 0): 0, (4, 0): 1}
+    (power,) = src.query("power", 0, 0)
+    assert power.power_watts == 103.5
+    assert fake_path.read_text().splitlines() == ["info -m", "info -t power -i 0 -c 0"]
+    with pytest.raises(ValueError, match="unknown npu-smi query 'fan'"):
+        src.query("fan", 0)
+
+
+def test_hang_is_killed_at_the_timeout(fake_path, monkeypatch):
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "hang")
+    start = time.monotonic()
+    with pytest.raises(SourceError) as err:
+        NpuSmiSource(timeout=0.5).read()
+    assert err.value.reason == "timeout" and "0.5 s" in str(err.value)
+    assert time.monotonic() - start < 10
+
+
+def test_exit_code(fake_path, monkeypatch):
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "fail")
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_EXIT", "3")
+    with pytest.raises(SourceError) as err:
+        NpuSmiSource().read()
+    assert err.value.reason == "exit_code"
+    assert "exited with 3" in str(err.value) and "dcmi" in str(err.value)
+
+
+def test_garbage_is_a_parse_error(fake_path, monkeypatch):
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "garbage")
+    with pytest.raises(SourceError) as err:
+        NpuSmiSource().read()
+    assert err.value.reason == "parse"
+    with pytest.raises(SourceError) as err:
+        NpuSmiSource().logical_ids()
+    assert err.value.reason == "parse"
+
+
+def test_missing_binary(tmp_path):
+    with pytest.raises(SourceError) as err:
+        NpuSmiSource(binary=str(tmp_path / "npu-smi")).read()
+    assert err.value.reason == "missing" and "npu-smi" in str(err.value)
