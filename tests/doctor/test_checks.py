@@ -193,3 +193,28 @@ def test_doctor_flags_torch_npu_built_for_another_torch():
     assert by["torch-npu-version"]["status"] == "fail" and "2.1.0.post3" in by["torch-npu-version"]["finding"]
     assert by["ascend-env"]["status"] == "fail"  # torch_npu present, CANN environment not sourced
     assert by["tool:npu-smi"]["status"] == "warn"  # device available, its tool missing
+
+
+def _fake_npu_smi_host(recording: str, **env) -> Host:
+    return _host(env={"PATH": str(FAKES / "bin"), "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / recording),
+                      **env})
+
+
+def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch):
+    # The fake npu-smi reads its mode from the process environment it inherits.
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/910b2c-23.0.2.1-with-processes.txt"))
+    got = _by_name(checks.device_processes(_fake_npu_smi_host("910b2c-23.0.2.1-with-processes.txt")))
+    assert got["processes:npu-smi"].status == WARN
+    assert "124528 (python3.8)" in got["processes:npu-smi"].finding  # row "| 0  0 | 124528 | python3.8 |"
+
+
+def test_no_process_on_the_npus_is_ok(monkeypatch):
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/310-23.0.0-no-processes.txt"))
+    got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
+    assert got["processes:npu-smi"].status == OK
+
+
+def test_npu_smi_printing_garbage_is_a_warning(monkeypatch):
+    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "garbage")
+    got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
+    assert got["processes:npu-smi"].status == WARN and "could not read npu-smi" in got["processes:npu-smi"].finding

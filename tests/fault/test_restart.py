@@ -63,3 +63,63 @@ def test_sigkilled_worker_is_restarted_and_the_result_is_unchanged(tmp_path):
     resumed = int(RESUMED.search(rest).group(1))
     assert resumed <= reached and reached - resumed <= every  # steps recomputed <= checkpoint interval
     assert FINAL.search(output).groups() == expected  # bitwise: same loss text and same parameter hash
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _agent(port: int, nnodes: str, run_dir, steps: int, extra_conf: str = "", log=None) -> subprocess.Popen:
+    conf = "join_timeout=60,last_call_timeout=2,close_timeout=5" + extra_conf
+    out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 - the child owns it
+    return subprocess.Popen(
+        [sys.executable, "-m", "npudist", "launch", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
+         "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "npudist-test", "--rdzv-conf", conf,
+         "--max-restarts", "3", "--monitor-interval", "0.5", *_train_args(run_dir, steps, 5)],
+        cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_agents_rendezvous_over_c10d_and_train_together(tmp_path):
+    port = _free_port()
+    agents = [_agent(port, "2", tmp_path / "run", 20) for _ in range(2)]
+    outputs = [a.communicate(timeout=240)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    joined = "\n".join(outputs)
+    assert "world=2" in joined and FINAL.search(joined)
+    assert joined.count("done steps=20") == 2  # one worker per agent, both finished
+
+
+def test_elastic_job_survives_a_node_leaving(tmp_path):
+    port = _free_port()
+    steps = 200
+    conf = ",keep_alive_interval=1,keep_alive_max_attempt=2"
+    logs = [tmp_path / "agent0.log", tmp_path / "agent1.log"]
+    agents = [_agent(port, "1:2", tmp_path / "run", steps, conf, log=log) for log in logs]
+    try:
+        # Wait until both nodes trained together for a while (only rank 0's agent logs steps).
+        owner = None
+        deadline = time.monotonic() + 120
+        while owner is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            for i, log in enumerate(logs):
+                if re.search(r"^step=(1[5-9]|[2-9]\d) .*world=2", log.read_text(), re.MULTILINE):
+                    owner = i
+        assert owner is not None, "no two-node training step was logged:\n" + logs[0].read_text()[-2000:]
+        victim = agents[1 - owner]
+        for p in [*psutil.Process(victim.pid).children(recursive=True), psutil.Process(victim.pid)]:
+            p.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        killed_at = len(logs[owner].read_text())
+        agents[owner].wait(timeout=300)
+    finally:
+        for a in agents:
+            a.kill()
+    output = logs[owner].read_text()
+    rest = output[killed_at:]
+    assert agents[owner].returncode == 0, output[-4000:]
+    assert re.search(r"^step=\d+ .*world=1 ", rest, re.MULTILINE), rest[-3000:]  # continued alone
+    assert RESUMED.search(rest) and f"final step={steps} " in output

@@ -32,10 +32,7 @@ def _field(key: str, value: Any) -> Any:
         return _values.health(value) if isinstance(value, str) else None
     if key in _STRS:
         return value if isinstance(value, str) and value.strip() else None
-    if key in _INTS:
-        ok = _is_int(value)
-    else:
-        ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    ok = _is_int(value) if key in _INTS else (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
     if not ok or (key in _NON_NEGATIVE and value < 0):
         return None
     if key == "utilization_ratio" and not 0 <= value <= 1:
