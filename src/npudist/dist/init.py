@@ -1,0 +1,155 @@
+"""init()/shutdown(): pick the device first, then the backend, then join the process group."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from npudist.accelerators import Accelerator, accelerator
+from npudist.dist.env import RankInfo, rank_info
+
+DEFAULT_TIMEOUT_S = 600.0
+TIMEOUT_VAR = "NPUDIST_TIMEOUT"
+
+
+class DistInitError(RuntimeError):
+    """Joining the process group failed; the message says what to check."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str
+    accelerator: Accelerator
+    source: str
+    timeout: timedelta
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_context: DistContext | None = None
+
+
+def _timeout(value: float | timedelta | None) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if value is None:
+        raw = os.environ.get(TIMEOUT_VAR, "").strip()
+        try:
+            value = float(raw) if raw else DEFAULT_TIMEOUT_S
+        except ValueError:
+            raise DistInitError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise DistInitError(f"timeout must be positive, got {value} s")
+    return timedelta(seconds=value)
+
+
+def _rendezvous_address(info: RankInfo) -> tuple[str, int]:
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    if not addr:
+        raise DistInitError(
+            f"MASTER_ADDR is not set, and {info.source} does not provide a rendezvous address. "
+            "Set MASTER_ADDR to the host of rank 0 (MASTER_ADDR=127.0.0.1 on a single machine) and "
+            "MASTER_PORT to a free port, e.g. `mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...`, "
+            "or start the job with `npudist launch --mpi`, which sets both."
+        )
+    raw_port = os.environ.get("MASTER_PORT", "29500").strip()
+    if not raw_port.isdigit() or not 0 < int(raw_port) < 65536:
+        raise DistInitError(f"MASTER_PORT={raw_port!r} is not a TCP port (1-65535)")
+    return addr, int(raw_port)
+
+
+def _explain(exc: Exception, info: RankInfo, where: str, timeout: timedelta) -> DistInitError:
+    text = str(exc)
+    if "address already in use" in text.lower() or "EADDRINUSE" in text:
+        return DistInitError(
+            f"rank {info.rank}: the rendezvous port at {where} is already in use (another job or a stale "
+            "rank holds it). Pick a free port (MASTER_PORT / --master-port) or stop the process holding it "
+            f"(`ss -ltnp | grep {where.rsplit(':', 1)[-1]}`). Original error: {text}"
+        )
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        joined = re.search(r"(\d+)/(\d+) clients joined", text)
+        seen = f" ({joined.group(1)} of {joined.group(2)} ranks joined)" if joined else ""
+        return DistInitError(
+            f"rank {info.rank} of {info.world_size}: rendezvous at {where} timed out after "
+            f"{timeout.total_seconds():.0f} s{seen}. Check that all {info.world_size} ranks were started, "
+            f"that the host of rank 0 ({where}) is reachable from this host on that port, and that every "
+            f"rank uses the same MASTER_ADDR/MASTER_PORT. Original error: {text}"
+        )
+    return DistInitError(f"rank {info.rank}: init_process_group failed at {where}: {text}")
+
+
+def init(backend: str | None = None, timeout: float | timedelta | None = None) -> DistContext:
+    """Join (or return the already joined) process group for this rank.
+
+    The device is selected before the group is created because HCCL and NCCL bind the communicator
+    to the current device at creation; the backend is always passed explicitly so torch never guesses.
+    """
+    global _context
+    if _context is not None and dist.is_initialized():
+        return _context
+    info = rank_info(os.environ)
+    acc = accelerator()
+    if acc.device_type != "cpu":
+        count = acc.device_count()
+        if info.local_rank >= count:
+            raise DistInitError(
+                f"local rank {info.local_rank} has no {acc.name} device: this node shows {count}. "
+                f"Start at most {count} ranks per node (--nproc-per-node) or check "
+                f"{acc.vendor.visible_devices_var or 'the visible-devices variable'}."
+            )
+    acc.set_device(info.local_rank)
+    device = acc.device(info.local_rank)
+    chosen = backend or acc.backend
+    td = _timeout(timeout)
+    if not dist.is_initialized():
+        _join(info, chosen, td)
+    _context = DistContext(
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=info.local_rank,
+        local_world_size=info.local_world_size, node_rank=info.node_rank, device=device,
+        backend=str(dist.get_backend()), accelerator=acc, source=info.source, timeout=td,
+    )
+    return _context
+
+
+def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
+    if info.source == "single":
+        # A world of one needs no port: an in-process store keeps notebooks and tests free of clashes.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
+    if info.needs_rendezvous_address:
+        addr, port = _rendezvous_address(info)
+        where = f"{addr}:{port}"
+        kwargs = {"init_method": f"tcp://{addr}:{port}", "rank": info.rank, "world_size": info.world_size}
+    else:
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        kwargs = {"init_method": "env://"}
+    try:
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise _explain(exc, info, where, timeout) from exc
+
+
+def context() -> DistContext | None:
+    """The context of the last init(), or None before init() or after shutdown()."""
+    return _context if dist.is_available() and dist.is_initialized() else None
+
+
+def shutdown() -> None:
+    """Destroy the process group; safe to call twice or without init()."""
+    global _context
+    _context = None
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
