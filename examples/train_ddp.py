@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--activation", choices=ACTIVATIONS, default="relu",
+                   help="feed-forward activation; swish-op is npudist.ops.Swish (beta 1, the SiLU maths) "
+                   "through the custom operator")
     args = p.parse_args(argv)
     for name in ("steps", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab", "d_model", "layers",
                  "log_every"):
@@ -46,13 +49,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+ACTIVATIONS = ("relu", "silu", "swish-op")
+
+
+def make_activation(name: str) -> str | nn.Module:
+    """An activation TransformerEncoderLayer accepts; none of them draws random numbers or has weights."""
+    if name == "swish-op":
+        from npudist.ops import Swish
+
+        return Swish(1.0)
+    return nn.SiLU() if name == "silu" else name
+
+
 class TinyLM(nn.Module):
-    def __init__(self, vocab: int, d_model: int, layers: int, seq_len: int) -> None:
+    def __init__(self, vocab: int, d_model: int, layers: int, seq_len: int, activation: str = "relu") -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.zeros(seq_len, d_model))
         layer = nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+                                           batch_first=True, norm_first=True,
+                                           activation=make_activation(activation))
         self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, vocab)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
@@ -109,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"{ctx.world_size}")
     per_rank = args.global_batch_size // ctx.world_size
     torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
-    model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len).to(ctx.device)
+    model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation).to(ctx.device)
     ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
