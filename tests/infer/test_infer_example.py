@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_npudist
+from tests.conftest import REPO, run_npudist
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, child_env
 from npudist.infer.http import BadRequest, parse_batch
+from tests.conftest import REPO, child_env
 
 
 @pytest.mark.parametrize(("body", "message"), [

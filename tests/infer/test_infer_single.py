@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import FAKES
 from npudist.infer import (
     EnsembleError,
     EnsembleServer,
@@ -20,6 +19,7 @@ from npudist.infer import (
     ensemble_predict,
     select_runner,
 )
+from tests.conftest import FAKES
 
 
 def _linear(weight: list[list[float]], bias: list[float]) -> nn.Linear:

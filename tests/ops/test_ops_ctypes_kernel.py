@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from conftest import run_py
 from npudist.ops import CtypesKernel, KernelConstraints, KernelError, aligned_empty, conform, define
+from tests.conftest import run_py
 
 # The kernel checks its own constraints and returns 3 when they are broken, so an uncopied
 # misaligned pointer would fail the call instead of passing silently.

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, run_npudist
+from tests.conftest import REPO, run_npudist
 
 ARGS = ["--global-batch-size", "8", "--seq-len", "8", "--d-model", "32", "--layers", "1", "--vocab", "16"]
 
