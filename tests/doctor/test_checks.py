@@ -218,3 +218,15 @@ def test_npu_smi_printing_garbage_is_a_warning(monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "garbage")
     got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == WARN and "could not read npu-smi" in got["processes:npu-smi"].finding
+
+
+def test_flight_recorder_on_an_npu_host_without_tracing_warns_with_the_variables():
+    env = child_env(pythonpath=[FAKES / "vendors"])
+    by = {c["name"]: c for c in json.loads(run_npudist(["doctor", "--json"], env=env).stdout)["checks"]}
+    assert by["flight-recorder:hccl"]["status"] == "warn"
+    assert "TORCH_HCCL_TRACE_BUFFER_SIZE=2000" in by["flight-recorder:hccl"]["fix"]
+    assert by["flight-recorder:nccl"]["status"] == "skip"  # no CUDA device on this machine
+    env["TORCH_HCCL_TRACE_BUFFER_SIZE"] = "4000"
+    by = {c["name"]: c for c in json.loads(run_npudist(["doctor", "--json"], env=env).stdout)["checks"]}
+    assert by["flight-recorder:hccl"]["status"] == "ok" and "TORCH_HCCL_DUMP_ON_TIMEOUT" in by[
+        "flight-recorder:hccl"]["finding"]

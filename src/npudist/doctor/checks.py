@@ -347,3 +347,39 @@ def device_processes(host: Host) -> list[CheckResult]:
         else:
             out.append(CheckResult(name, OK, f"no process holds a device ({tool})"))
     return out
+
+
+# Flight recorders: a ring buffer of recent collectives per rank, dumped when a collective times out.
+# NCCL: PyTorch "ProcessGroupNCCL Environment Variables" (TORCH_NCCL_TRACE_BUFFER_SIZE must be > 0 for
+# TORCH_NCCL_DUMP_ON_TIMEOUT to dump). HCCL: torch_npu mirrors them under TORCH_HCCL_* (torchtitan-npu
+# docs/feature_guides/metrics_and_debugging.md, "HCCL Flight Recorder").
+_FLIGHT_RECORDERS = (
+    ("nccl", "cuda", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/nccl_trace_rank_"}),
+    ("hccl", "npu", {"TORCH_HCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_HCCL_DUMP_ON_TIMEOUT": "1",
+                     "HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_ENABLE_MONITORING": "1",
+                     "TORCH_HCCL_DEBUG_INFO_TEMP_FILE": "/tmp/hccl_trace_rank_"}),
+)
+
+
+@check("flight-recorder")
+def flight_recorder(host: Host) -> list[CheckResult]:
+    from npudist.accelerators import BY_NAME, why_unavailable
+
+    out = []
+    for backend, vendor, wanted in _FLIGHT_RECORDERS:
+        name = f"flight-recorder:{backend}"
+        size_var = next(iter(wanted))
+        size = host.env.get(size_var, "").strip()
+        enabled = size.isdigit() and int(size) > 0
+        fix = "export " + " ".join(f"{k}={v}" for k, v in wanted.items())
+        if enabled:
+            missing = [k for k in wanted if k != size_var and not host.env.get(k)]
+            note = f" (also consider {', '.join(missing)})" if missing else ""
+            out.append(CheckResult(name, OK, f"{size_var}={size}: {backend} records recent collectives{note}"))
+        elif why_unavailable(BY_NAME[vendor]) is None:
+            out.append(CheckResult(name, WARN, f"{backend}'s flight recorder is off: a hang leaves no trace of "
+                                   "which collective each rank reached", fix))
+        else:
+            out.append(CheckResult(name, SKIP, f"no {vendor} device here; to trace {backend} hangs: {fix}"))
+    return out
