@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from npudist.comm import context, handshake
 from npudist.comm.buffers import aligned_empty, pinning_available
-from npudist.comm.collectives import OPS, _check_op, _check_tensor
+from npudist.comm.collectives import OPS, _check_op, _check_tensor, all_reduce
 from npudist.comm.plan import Plan, neutral, plan_reduce
 from npudist.comm.stats import RECORDER
 
@@ -137,11 +137,10 @@ def all_reduce_many(tensors: Sequence[torch.Tensor], op: str = "sum",
         _check_tensor("all_reduce_many", t)
     if not tensors:
         return tensors
-    align = ctx.constraints.alignment_bytes
-    # Buffers do not depend on where the tensors live, only on their layout (and on alignment, which
-    # decides whether a lone tensor can be reduced in place).
-    key = (op, bucket_bytes, ctx.constraints.name,
-           tuple((t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % align) for t in tensors))
+    # Buffers depend on the tensors' layout, not on where they live (a lone "direct" tensor that turns
+    # out misaligned on a later call is adapted by all_reduce itself).
+    layout = tuple((t.dtype, t.device, t.shape, t.stride()) for t in tensors)
+    key = (op, bucket_bytes, ctx.constraints.name, layout)
     if ctx.debug:
         device = torch.device("cpu") if not ctx.constraints.device_tensors else tensors[0].device
         handshake.check("all_reduce_many", sum(t.numel() for t in tensors), tensors[0].dtype,
@@ -154,28 +153,25 @@ def all_reduce_many(tensors: Sequence[torch.Tensor], op: str = "sum",
     try:
         for b in buckets:
             kinds.extend(b.plan.kinds)
-            native = OPS[b.plan.native_op]
+            nbytes += sum(tensors[i].numel() * tensors[i].element_size() for i in b.indices)
             if b.direct:
-                target = tensors[b.indices[0]]
+                # all_reduce takes its fast path (or adapts a tensor that moved); its handle divides.
+                work = all_reduce(tensors[b.indices[0]], op, group, async_op=True, _record=False)
             else:
                 _copy_all(b.views, [tensors[i] for i in b.indices])
-                target = b.flat
-            nbytes += sum(tensors[i].numel() * tensors[i].element_size() for i in b.indices)
-            if target.numel() == 0:
-                continue
-            work = dist.all_reduce(target, op=native, group=group, async_op=True)
+                work = dist.all_reduce(b.flat, op=OPS[b.plan.native_op], group=group, async_op=True)
             RECORDER.inflight("all_reduce_many", ctx.backend, 1)
-            pending.append((b, target, work))
-        for b, target, work in pending:
+            pending.append((b, work))
+        for b, work in pending:
             try:
                 work.wait()
             finally:
                 RECORDER.inflight("all_reduce_many", ctx.backend, -1)
+            if b.direct:
+                continue
             if b.plan.divide:
-                body = target if b.direct else target[: sum(v.numel() for v in b.views)]
-                body.div_(world)
-            if not b.direct:
-                _copy_all([tensors[i] for i in b.indices], b.views)
+                b.flat[: sum(v.numel() for v in b.views)].div_(world)
+            _copy_all([tensors[i] for i in b.indices], b.views)
     finally:
         _release(key, buckets)
     RECORDER.record("all_reduce_many", ctx.backend, nbytes, time.perf_counter() - start, kinds)

@@ -50,17 +50,19 @@ def _check_tensor(name: str, t: object) -> None:
 class Handle:
     """What an async collective returns: ``wait()`` finishes the post-processing and the accounting."""
 
-    __slots__ = ("_backend", "_done", "_finish", "_kinds", "_nbytes", "_op", "_start", "_sync", "_work",
-                 "result")
+    __slots__ = ("_backend", "_done", "_finish", "_kinds", "_nbytes", "_op", "_record", "_start", "_sync",
+                 "_work", "result")
 
     def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
-                 ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float) -> None:
-        self._work, self._finish, self.result = work, finish, result
+                 ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
+                 record: bool = True) -> None:
+        self._work, self._finish, self.result, self._record = work, finish, result, record
         self._op, self._backend, self._nbytes = op, ctx.backend, nbytes
         self._kinds, self._start = kinds, start
         self._sync = ctx.device_type if ctx.sync_timing else None
         self._done = False
-        RECORDER.inflight(op, ctx.backend, 1)
+        if record:
+            RECORDER.inflight(op, ctx.backend, 1)
 
     def is_completed(self) -> bool:
         return self._done or self._work is None or bool(self._work.is_completed())
@@ -81,8 +83,10 @@ class Handle:
                 self._finish()
         finally:
             self._done = True
-            RECORDER.inflight(self._op, self._backend, -1)
-        _record(self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync)
+            if self._record:
+                RECORDER.inflight(self._op, self._backend, -1)
+        if self._record:
+            _record(self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync)
         return True
 
 
@@ -95,13 +99,14 @@ def _record(op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, 
 
 def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: Callable[[], None] | None,
               result: torch.Tensor, nbytes: int, kinds: tuple[str, ...], start: float,
-              async_op: bool) -> torch.Tensor | Handle:
+              async_op: bool, record: bool = True) -> torch.Tensor | Handle:
     if async_op:
-        return Handle(work, finish, result, op, ctx, nbytes, kinds, start)
+        return Handle(work, finish, result, op, ctx, nbytes, kinds, start, record)
     # A synchronous call is finished here; it never counts as in flight.
     if finish is not None:
         finish()
-    _record(op, ctx.backend, nbytes, start, kinds, ctx.device_type if ctx.sync_timing else None)
+    if record:
+        _record(op, ctx.backend, nbytes, start, kinds, ctx.device_type if ctx.sync_timing else None)
     return result
 
 
@@ -125,7 +130,7 @@ def _debug(op: str, t: torch.Tensor, group: object | None, ctx: context.GroupCon
 
 
 def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
-               async_op: bool = False) -> torch.Tensor | Handle:
+               async_op: bool = False, *, _record: bool = True) -> torch.Tensor | Handle:
     """Reduce ``t`` across ranks in place and return it (or a Handle when ``async_op``)."""
     start = time.perf_counter()
     ctx = context.get(group)
@@ -137,19 +142,19 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
             and c.alignment_bytes == 1 and (not c.contiguous or t.is_contiguous())):
         # Fast path: nothing to adapt, hand the tensor straight to torch.distributed.
         work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
-        return _complete("all_reduce", ctx, work, None, t, n * t.element_size(), (), start, async_op)
+        return _complete("all_reduce", ctx, work, None, t, n * t.element_size(), (), start, async_op, _record)
     plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, backend=ctx.backend)
     if ctx.debug:
         _debug("all_reduce", t, group, ctx)
     nbytes = n * t.element_size()
     if n == 0:
-        return _complete("all_reduce", ctx, None, None, t, 0, plan.kinds, start, async_op)
+        return _complete("all_reduce", ctx, None, None, t, 0, plan.kinds, start, async_op, _record)
     native = OPS[plan.native_op]
     world = ctx.world
     if not plan.copy:
         work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
         finish = (lambda: t.div_(world)) if plan.divide else None
-        return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op)
+        return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
     lease = _lease(plan, plan.padded_chunk, t.device, ctx)
     buf = lease.tensor
     body = buf[:n]
@@ -164,7 +169,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
         t.copy_(body.view(t.shape))
         POOL.release(lease)
 
-    return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op)
+    return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
 
 
 def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,

@@ -84,8 +84,10 @@ GLOO = Constraints(
         "band": _GLOO_INT, "bor": _GLOO_INT, "bxor": _GLOO_INT,
     }),
     copy_dtypes=_GLOO_ARITH,
-    contiguous=False,  # gloo copies strided CPU tensors itself (checked on torch 2.13)
-    source="torch ProcessGroupGloo.cpp (torch 2.13), checked with 2 gloo ranks",
+    # Gloo reads a tensor's storage as one flat run: a step-sliced view comes back with wrong values
+    # and no error (found by tests/comm/test_collectives.py with 2 ranks on torch 2.13).
+    contiguous=True,
+    source="torch ProcessGroupGloo.cpp (torch 2.13), checked with 2 and 3 gloo ranks",
 )
 
 NCCL = Constraints(
@@ -147,7 +149,7 @@ RKNPU = Constraints(
     # to host copies of every tensor.
     reduce_dtypes=GLOO.reduce_dtypes,
     copy_dtypes=GLOO.copy_dtypes,
-    contiguous=False,
+    contiguous=True,
     device_tensors=False,
     source="npudist vendor table (rknpu: stage_through_cpu) + gloo row",
 )
