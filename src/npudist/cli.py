@@ -54,6 +54,15 @@ def launch(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+def _add_bench() -> None:
+    from npudist.comm.bench import app as bench_app
+
+    app.add_typer(bench_app, name="bench", help="Benchmarks: `npudist bench collective --help`.")
+
+
+_add_bench()
+
+
 def main() -> None:
     try:
         app()
