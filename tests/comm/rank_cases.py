@@ -37,6 +37,8 @@ def values(case: dict, rank: int, shape: list[int]) -> torch.Tensor:
 def viewed(case: dict, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(storage owner, the view the collective gets) for the case's view kind."""
     kind, shape = case["view"], base.shape
+    # Never share storage with the inputs the reference is computed from (contiguous() can return self).
+    base = base.clone()
     if kind == "transpose" and base.dim() >= 2:
         owner = base.transpose(-1, -2).contiguous()
         return owner, owner.transpose(-1, -2)

@@ -49,8 +49,10 @@ def main() -> None:
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
     report["seconds"] = time.monotonic() - start
+    if len(sys.argv) > 2:  # one file per rank: the ranks share torchrun's stdout and lines interleave
+        with open(f"{sys.argv[2]}/rank{ctx.rank}.json", "w") as f:
+            json.dump(report, f)
     print("REPORT " + json.dumps(report), flush=True)
-    sys.stdout.flush()
     if mode != "mismatch":
         npudist.shutdown()
 

@@ -18,12 +18,13 @@ def reports(stdout: str) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def debug_run() -> dict[int, dict]:
+def debug_run(tmp_path_factory) -> dict[int, dict]:
     """One launch: local errors first, then a size mismatch under the debug handshake."""
-    proc = run_npudist(["launch", "--nproc-per-node", "2", SCRIPT, "debug"], timeout=120)
-    got = reports(proc.stdout)
-    assert set(got) == {0, 1}, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return got
+    out = tmp_path_factory.mktemp("errors")
+    proc = run_npudist(["launch", "--nproc-per-node", "2", SCRIPT, "debug", str(out)], timeout=120)
+    files = sorted(out.glob("rank*.json"))
+    assert len(files) == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return {r["rank"]: r for r in (json.loads(f.read_text()) for f in files)}
 
 
 @pytest.mark.slow
