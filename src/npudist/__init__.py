@@ -2,6 +2,7 @@
 
 from npudist._version import __version__
 from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
+from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, constraints, reduce_scatter
 from npudist.dist import DistContext, DistInitError, init, shutdown
 
 __all__ = [
@@ -11,6 +12,12 @@ __all__ = [
     "DistInitError",
     "__version__",
     "accelerator",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_many",
+    "broadcast",
+    "constraints",
     "init",
+    "reduce_scatter",
     "shutdown",
 ]

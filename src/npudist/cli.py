@@ -78,6 +78,15 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
     raise typer.Exit(doc.exit_code(results))
 
 
+def _add_bench() -> None:
+    from npudist.comm.bench import app as bench_app
+
+    app.add_typer(bench_app, name="bench", help="Benchmarks: `npudist bench collective --help`.")
+
+
+_add_bench()
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,301 @@
+"""all_reduce, broadcast, all_gather and reduce_scatter that adapt to the active constraints.
+
+Each call checks the tensor against the active row (constraints.py); when nothing needs adapting it
+calls torch.distributed directly (the fast path). Otherwise it copies into a pooled, aligned, padded
+scratch buffer of the dtype the backend accepts, runs the collective there, and writes the result
+back into the caller's tensor, so shape, dtype, strides and storage stay the caller's own.
+
+Result rule, for tests and users: the answer equals a plain reduction computed in the plan's work
+dtype (the caller's dtype, or the narrowest wider one the backend accepts) and cast back once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from npudist.comm import context, handshake
+from npudist.comm.buffers import BufferPool, Lease, aligned_empty, pinning_available
+from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
+from npudist.comm.stats import RECORDER
+
+R = dist.ReduceOp
+OPS: dict[str, object] = {"sum": R.SUM, "avg": R.AVG, "max": R.MAX, "min": R.MIN, "product": R.PRODUCT,
+                          "band": R.BAND, "bor": R.BOR, "bxor": R.BXOR}
+POOL = BufferPool()
+# torch 2.13 renamed the flat-tensor collectives (*_into_tensor / *_tensor are deprecated there);
+# older torch (>= 2.1, what torch_npu users are tied to) has only the old names.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_CPU = torch.device("cpu")
+
+
+def _check_op(op: str) -> object:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise ValueError(f"unknown reduce op {op!r}; choose one of {', '.join(OPS)}") from None
+
+
+def _check_tensor(name: str, t: object) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} expects a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} expects a dense tensor, got layout {t.layout}; call .to_dense() first")
+
+
+class Handle:
+    """What an async collective returns: ``wait()`` finishes the post-processing and the accounting."""
+
+    __slots__ = ("_backend", "_done", "_finish", "_kinds", "_nbytes", "_op", "_record", "_start", "_sync",
+                 "_work", "result")
+
+    def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
+                 ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
+                 record: bool = True) -> None:
+        self._work, self._finish, self.result, self._record = work, finish, result, record
+        self._op, self._backend, self._nbytes = op, ctx.backend, nbytes
+        self._kinds, self._start = kinds, start
+        self._sync = ctx.device_type if ctx.sync_timing else None
+        self._done = False
+        if record:
+            RECORDER.inflight(op, ctx.backend, 1)
+
+    def is_completed(self) -> bool:
+        return self._done or self._work is None or bool(self._work.is_completed())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (the process group's timeout applies unless ``timeout`` seconds is given)."""
+        if self._done:
+            return True
+        try:
+            if self._work is not None:
+                if timeout is None:
+                    self._work.wait()
+                else:
+                    from datetime import timedelta
+
+                    self._work.wait(timedelta(seconds=timeout))
+            if self._finish is not None:
+                self._finish()
+        finally:
+            self._done = True
+            if self._record:
+                RECORDER.inflight(self._op, self._backend, -1)
+        if self._record:
+            _record(self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync)
+        return True
+
+
+def _record(op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
+            sync: str | None) -> None:
+    if sync is not None and sync != "cpu":
+        getattr(torch, sync).synchronize()
+    RECORDER.record(op, backend, nbytes, time.perf_counter() - start, kinds)
+
+
+def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: Callable[[], None] | None,
+              result: torch.Tensor, nbytes: int, kinds: tuple[str, ...], start: float,
+              async_op: bool, record: bool = True) -> torch.Tensor | Handle:
+    if async_op:
+        return Handle(work, finish, result, op, ctx, nbytes, kinds, start, record)
+    # A synchronous call is finished here; it never counts as in flight.
+    if finish is not None:
+        finish()
+    if record:
+        _record(op, ctx.backend, nbytes, start, kinds, ctx.device_type if ctx.sync_timing else None)
+    return result
+
+
+def _lease(plan: Plan, numel: int, device: torch.device, ctx: context.GroupContext) -> Lease:
+    dev = _CPU if plan.stage else device
+    pin = plan.stage and pinning_available(device)
+    return POOL.acquire(numel, plan.work_dtype, dev, ctx.constraints.alignment_bytes, pin)
+
+
+def _caller_view(buf: torch.Tensor, plan: Plan, t: torch.Tensor) -> torch.Tensor:
+    """The first chunk of ``buf`` seen with the caller's dtype and shape (bytes reinterpreted if needed)."""
+    if plan.reinterpret:
+        nbytes = t.numel() * t.element_size()
+        return buf.view(torch.uint8)[:nbytes].view(t.dtype).view(t.shape)
+    return buf[: t.numel()].view(t.shape)
+
+
+def _debug(op: str, t: torch.Tensor, group: object | None, ctx: context.GroupContext) -> None:
+    device = _CPU if not ctx.constraints.device_tensors else t.device
+    handshake.check(op, t.numel(), t.dtype, tuple(t.shape), group, ctx.world, device)
+
+
+def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
+               async_op: bool = False, *, _record: bool = True) -> torch.Tensor | Handle:
+    """Reduce ``t`` across ranks in place and return it (or a Handle when ``async_op``)."""
+    start = time.perf_counter()
+    ctx = context.get(group)
+    c = ctx.constraints
+    native = _check_op(op)
+    _check_tensor("all_reduce", t)
+    n = t.numel()
+    if (t.dtype in c.native_dtypes(op) and not ctx.debug and c.device_tensors and c.element_multiple == 1
+            and c.alignment_bytes == 1 and (not c.contiguous or t.is_contiguous())):
+        # Fast path: nothing to adapt, hand the tensor straight to torch.distributed.
+        work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
+        return _complete("all_reduce", ctx, work, None, t, n * t.element_size(), (), start, async_op, _record)
+    plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, backend=ctx.backend)
+    if ctx.debug:
+        _debug("all_reduce", t, group, ctx)
+    nbytes = n * t.element_size()
+    if n == 0:
+        return _complete("all_reduce", ctx, None, None, t, 0, plan.kinds, start, async_op, _record)
+    native = OPS[plan.native_op]
+    world = ctx.world
+    if not plan.copy:
+        work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
+        finish = (lambda: t.div_(world)) if plan.divide else None
+        return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
+    lease = _lease(plan, plan.padded_chunk, t.device, ctx)
+    buf = lease.tensor
+    body = buf[:n]
+    body.view(t.shape).copy_(t)
+    if plan.padded_chunk != n:
+        buf[n:].fill_(neutral(op, plan.work_dtype))
+    work = dist.all_reduce(buf, op=native, group=group, async_op=async_op)
+
+    def finish() -> None:
+        if plan.divide:
+            body.div_(world)
+        t.copy_(body.view(t.shape))
+        POOL.release(lease)
+
+    return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
+
+
+def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
+              async_op: bool = False) -> torch.Tensor | Handle:
+    """Overwrite ``t`` on every rank with rank ``src``'s tensor (global rank, as torch.distributed)."""
+    start = time.perf_counter()
+    ctx = context.get(group)
+    c = ctx.constraints
+    _check_tensor("broadcast", t)
+    n = t.numel()
+    nbytes = n * t.element_size()
+    plan = plan_copy(c, t.dtype, t.element_size(), n, t.is_contiguous(), t.data_ptr(), t.device.type,
+                     ctx.backend)
+    if ctx.debug:
+        _debug("broadcast", t, group, ctx)
+    if n == 0:
+        return _complete("broadcast", ctx, None, None, t, 0, plan.kinds, start, async_op)
+    if not plan.copy:
+        work = dist.broadcast(t, src=src, group=group, async_op=async_op)
+        return _complete("broadcast", ctx, work, None, t, nbytes, (), start, async_op)
+    lease = _lease(plan, plan.padded_chunk, t.device, ctx)
+    is_src = dist.get_rank() == src
+    if is_src:
+        _caller_view(lease.tensor, plan, t).copy_(t)
+    work = dist.broadcast(lease.tensor, src=src, group=group, async_op=async_op)
+
+    def finish() -> None:
+        if not is_src:
+            t.copy_(_caller_view(lease.tensor, plan, t))
+        POOL.release(lease)
+
+    return _complete("broadcast", ctx, work, finish, t, nbytes, plan.kinds, start, async_op)
+
+
+def _output(numel: int, dtype: torch.dtype, device: torch.device, alignment: int) -> torch.Tensor:
+    if alignment > 64:
+        return aligned_empty(numel, dtype, device, alignment)
+    return torch.empty(numel, dtype=dtype, device=device)
+
+
+def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = False) -> torch.Tensor | Handle:
+    """Every rank's ``t`` stacked: a new tensor of shape ``[world, *t.shape]``."""
+    start = time.perf_counter()
+    ctx = context.get(group)
+    c = ctx.constraints
+    _check_tensor("all_gather", t)
+    n, world = t.numel(), ctx.world
+    nbytes = n * t.element_size()
+    plan = plan_copy(c, t.dtype, t.element_size(), n, t.is_contiguous(), t.data_ptr(), t.device.type,
+                     ctx.backend)
+    if ctx.debug:
+        _debug("all_gather", t, group, ctx)
+    if n == 0:
+        out = torch.empty((world, *t.shape), dtype=t.dtype, device=t.device)
+        return _complete("all_gather", ctx, None, None, out, 0, plan.kinds, start, async_op)
+    if not plan.copy:
+        flat = _output(world * n, t.dtype, t.device, c.alignment_bytes)
+        work = ALL_GATHER(flat, t.reshape(-1), group=group, async_op=async_op)
+        out = flat.view(world, *t.shape)
+        return _complete("all_gather", ctx, work, None, out, nbytes, (), start, async_op)
+    per = plan.padded_chunk
+    src = _lease(plan, per, t.device, ctx)
+    dst = _lease(plan, world * per, t.device, ctx)
+    _caller_view(src.tensor, plan, t).copy_(t)
+    work = ALL_GATHER(dst.tensor, src.tensor, group=group, async_op=async_op)
+    out = torch.empty((world, *t.shape), dtype=t.dtype, device=t.device)
+
+    def finish() -> None:
+        rows = dst.tensor.view(world, per)
+        rows = rows.view(torch.uint8)[:, :nbytes].view(t.dtype) if plan.reinterpret else rows[:, :n]
+        out.copy_(rows.reshape(world, *t.shape) if t.dim() == 0 else rows.view(world, *t.shape))
+        POOL.release(src)
+        POOL.release(dst)
+
+    return _complete("all_gather", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)
+
+
+def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None,
+                   async_op: bool = False) -> torch.Tensor | Handle:
+    """Reduce ``t`` across ranks and return this rank's slice of dim 0 (``t.shape[0] // world`` rows)."""
+    start = time.perf_counter()
+    ctx = context.get(group)
+    c = ctx.constraints
+    native = _check_op(op)
+    _check_tensor("reduce_scatter", t)
+    world = ctx.world
+    if t.dim() == 0 or t.shape[0] % world:
+        raise ValueError(
+            f"reduce_scatter: the first dimension of a tensor of shape {list(t.shape)} must be divisible by "
+            f"the world size {world}; pad or reshape it so each rank gets an equal share"
+        )
+    n = t.numel()
+    rows = t.shape[0] // world
+    out_shape = (rows, *t.shape[1:])
+    nbytes = n * t.element_size()
+    plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, chunks=world,
+                       backend=ctx.backend)
+    if ctx.debug:
+        _debug("reduce_scatter", t, group, ctx)
+    k = plan.chunk
+    if n == 0:
+        out = torch.empty(out_shape, dtype=t.dtype, device=t.device)
+        return _complete("reduce_scatter", ctx, None, None, out, 0, plan.kinds, start, async_op)
+    native = OPS[plan.native_op]
+    if not plan.copy:
+        flat = _output(k, t.dtype, t.device, c.alignment_bytes)
+        work = REDUCE_SCATTER(flat, t.reshape(-1), op=native, group=group, async_op=async_op)
+        finish = (lambda: flat.div_(world)) if plan.divide else None
+        return _complete("reduce_scatter", ctx, work, finish, flat.view(out_shape), nbytes, plan.kinds, start,
+                         async_op)
+    kp = plan.padded_chunk
+    src = _lease(plan, world * kp, t.device, ctx)
+    dst = _lease(plan, kp, t.device, ctx)
+    chunks = src.tensor.view(world, kp)
+    chunks[:, :k].view(world, rows, *t.shape[1:]).copy_(t.unflatten(0, (world, rows)))
+    if kp != k:
+        chunks[:, k:].fill_(neutral(op, plan.work_dtype))
+    work = REDUCE_SCATTER(dst.tensor, src.tensor, op=native, group=group, async_op=async_op)
+    out = torch.empty(out_shape, dtype=t.dtype, device=t.device)
+
+    def finish() -> None:
+        body = dst.tensor[:k]
+        if plan.divide:
+            body.div_(world)
+        out.copy_(body.view(out_shape))
+        POOL.release(src)
+        POOL.release(dst)
+
+    return _complete("reduce_scatter", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)

@@ -1,0 +1,231 @@
+"""What each collective backend accepts, as one data row per backend, and which row is active.
+
+The collectives in this package read a row and do only the adaptation it demands; nothing here
+branches on a vendor name. ``NPUDIST_COMM_PROFILE=<name>`` applies any row to whatever backend runs,
+which is how the strict Ascend rules are exercised over gloo on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+import torch
+
+PROFILE_VAR = "NPUDIST_COMM_PROFILE"
+
+REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
+
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+I8, I16, I32, I64, U8, BOOL = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
+FLOATS = frozenset({F16, BF16, F32, F64})
+
+# Wider dtypes that hold every value of the key exactly, narrowest first. Integers widen only to
+# integers so wrap-around arithmetic stays the same modulo the narrow type once cast back.
+WIDER: Mapping[torch.dtype, tuple[torch.dtype, ...]] = MappingProxyType({
+    BOOL: (U8, I8, I16, I32, I64),
+    U8: (I16, I32, I64),
+    I8: (I16, I32, I64),
+    I16: (I32, I64),
+    I32: (I64,),
+    F16: (F32, F64),
+    BF16: (F32, F64),
+    F32: (F64,),
+})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraints:
+    """What one backend (or a stricter named profile) accepts from a collective call."""
+
+    name: str
+    """Profile name users pass in NPUDIST_COMM_PROFILE."""
+    reduce_dtypes: Mapping[str, frozenset[torch.dtype]]
+    """Reduce op -> dtypes reduced natively. An op absent here has no native form ("avg" is then
+    emulated as sum followed by a division)."""
+    copy_dtypes: frozenset[torch.dtype]
+    """Dtypes that broadcast/all_gather move as they are; others travel as the bytes of one of these."""
+    contiguous: bool
+    """Tensors must be dense and contiguous."""
+    element_multiple: int = 1
+    """The element count handed to the library must be a multiple of this."""
+    alignment_bytes: int = 1
+    """The data pointer handed to the library must be a multiple of this."""
+    device_tensors: bool = True
+    """Device tensors are accepted; False means they are staged through host memory."""
+    source: str = ""
+    """Where the row's facts come from."""
+
+    def native_dtypes(self, op: str) -> frozenset[torch.dtype]:
+        return self.reduce_dtypes.get(op, frozenset())
+
+
+def _ops(table: dict[str, frozenset[torch.dtype]]) -> Mapping[str, frozenset[torch.dtype]]:
+    return MappingProxyType(dict(table))
+
+
+_GLOO_ARITH = frozenset({F16, BF16, F32, F64, I8, U8, I32, I64, BOOL})
+_GLOO_INT = frozenset({I8, U8, I32, I64, BOOL})
+_NCCL_ALL = frozenset({F16, BF16, F32, F64, I8, U8, I32, I64, BOOL})
+_HCCL_ARITH = frozenset({F16, BF16, F32, I8, I16, I32, I64})
+_CNCL_ARITH = frozenset({F16, F32, I8, I16, I32, U8})
+
+GLOO = Constraints(
+    name="gloo",
+    # torch/csrc/distributed/c10d/ProcessGroupGloo.cpp: GENERATE_ALL_TYPES covers float, double, half,
+    # bfloat16, int8, uint8, int32, int64 and bool ("Invalid scalar type" for int16, seen on torch 2.13);
+    # BAND/BOR/BXOR raise "Cannot use ReduceOp.BAND with non-integral dtype"; AVG divides, so integer
+    # AVG fails ("result type Float can't be cast").
+    reduce_dtypes=_ops({
+        "sum": _GLOO_ARITH, "max": _GLOO_ARITH, "min": _GLOO_ARITH, "product": _GLOO_ARITH,
+        "avg": frozenset({F16, BF16, F32, F64}),
+        "band": _GLOO_INT, "bor": _GLOO_INT, "bxor": _GLOO_INT,
+    }),
+    copy_dtypes=_GLOO_ARITH,
+    # Gloo reads a tensor's storage as one flat run: a step-sliced view comes back with wrong values
+    # and no error (found by tests/comm/test_collectives.py with 2 ranks on torch 2.13).
+    contiguous=True,
+    source="torch ProcessGroupGloo.cpp (torch 2.13), checked with 2 and 3 gloo ranks",
+)
+
+NCCL = Constraints(
+    name="nccl",
+    # NCCL ncclDataType_t / ncclRedOp_t (docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html):
+    # int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 (>= 2.10); sum, prod, max,
+    # min, avg (>= 2.10); no bitwise ops. torch ProcessGroupNCCL.cpp getNcclDataType maps bool to uint8
+    # (sum->max, product->min) and has no int16 entry; check_gpu_single_tensor: "Tensors must be contiguous".
+    reduce_dtypes=_ops({
+        "sum": _NCCL_ALL, "max": _NCCL_ALL, "min": _NCCL_ALL, "product": _NCCL_ALL,
+        "avg": frozenset({F16, BF16, F32, F64}),
+    }),
+    copy_dtypes=_NCCL_ALL,
+    contiguous=True,
+    source="NCCL API types page; torch ProcessGroupNCCL.cpp",
+)
+
+HCCL = Constraints(
+    name="hccl",
+    # CANN HcclAllReduce (Atlas A2/A3 training series): int8, int16, int32, int64, float16, float32, bfp16;
+    # ops sum, prod, max, min (HcclReduceOp has no avg); prod not for bfp16 (nor int16).
+    # torch_npu ProcessGroupHCCL: device tensors, dense and contiguous (checkTensor), bool sent as uint8.
+    reduce_dtypes=_ops({
+        "sum": _HCCL_ARITH, "max": _HCCL_ARITH, "min": _HCCL_ARITH,
+        "product": frozenset({F16, F32, I8, I32, I64}),
+    }),
+    copy_dtypes=frozenset({F16, BF16, F32, F64, I8, I16, I32, I64, U8, BOOL}),
+    contiguous=True,
+    source="CANN HcclAllReduce/HcclBroadcast pages (Atlas A2/A3); torch_npu ProcessGroupHCCL",
+)
+
+HCCL_STRICT = Constraints(
+    name="hccl-strict",
+    # First-generation Ascend 910 with old torch_npu releases, and field reports of HCCL_EINVAL/HCCL_EMEM:
+    # float32/float16 only (bf16 rejected), element count a multiple of 128, data pointer 128-byte
+    # aligned, contiguous only.
+    reduce_dtypes=_ops({op: frozenset({F16, F32}) for op in ("sum", "max", "min", "product")}),
+    copy_dtypes=frozenset({F16, F32}),
+    contiguous=True,
+    element_multiple=128,
+    alignment_bytes=128,
+    source="Ascend 910 (first generation) limits with old torch_npu; field reports",
+)
+
+CNCL = Constraints(
+    name="cncl",
+    # Cambricon CNCL developer guide, cnclDataType_t and cnclReduceOp_t (sum, prod, max, min; no avg);
+    # bfloat16 is left out until checked on an MLU (a cast is always correct, only slower).
+    # Not exercised on hardware here.
+    reduce_dtypes=_ops({op: _CNCL_ARITH for op in ("sum", "max", "min", "product")}),
+    copy_dtypes=frozenset({F16, F32, I8, I16, I32, U8, BOOL}),
+    contiguous=True,
+    source="Cambricon CNCL developer guide (not verified on hardware)",
+)
+
+RKNPU = Constraints(
+    name="rknpu",
+    # RK3588 has no collective library: the vendor row sets stage_through_cpu and the gloo rules apply
+    # to host copies of every tensor.
+    reduce_dtypes=GLOO.reduce_dtypes,
+    copy_dtypes=GLOO.copy_dtypes,
+    contiguous=True,
+    device_tensors=False,
+    source="npudist vendor table (rknpu: stage_through_cpu) + gloo row",
+)
+
+PROFILES: Mapping[str, Constraints] = MappingProxyType(
+    {c.name: c for c in (GLOO, NCCL, HCCL, HCCL_STRICT, CNCL, RKNPU)}
+)
+
+_override: str | None = None
+
+
+def set_profile(name: str | None) -> None:
+    """Apply a profile in this process (None: back to NPUDIST_COMM_PROFILE / the running backend)."""
+    global _override
+    if name is not None:
+        profile(name)
+    _override = name
+
+
+def profile(name: str) -> Constraints:
+    """The named profile, or ValueError listing the names that exist."""
+    try:
+        return PROFILES[name.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown collective profile {name!r} (from {PROFILE_VAR} or set_profile); "
+            f"choose one of {', '.join(PROFILES)}"
+        ) from None
+
+
+def for_backend(backend: str, stage_through_cpu: bool = False) -> Constraints:
+    """The row of a running backend; unknown backends get gloo's permissive row under their own name."""
+    if stage_through_cpu:
+        return RKNPU
+    row = PROFILES.get(backend.lower())
+    if row is None:
+        from dataclasses import replace
+
+        return replace(GLOO, name=backend, source=f"unknown backend {backend!r}: no constraints applied")
+    return row
+
+
+def constraints(group: object | None = None) -> Constraints:
+    """The active record: set_profile(), else NPUDIST_COMM_PROFILE, else the running backend's row."""
+    name = _override or os.environ.get(PROFILE_VAR, "").strip()
+    if name:
+        return profile(name)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from npudist.accelerators import accelerator
+
+        return for_backend(str(dist.get_backend(group)), accelerator().stage_through_cpu)
+    from npudist.accelerators import accelerator
+
+    acc = accelerator()
+    return for_backend(acc.backend, acc.stage_through_cpu)
+
+
+def _dtype_names(dtypes: frozenset[torch.dtype]) -> str:
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)) or "none"
+
+
+def describe(c: Constraints) -> str:
+    """One line per field, for `npudist doctor`."""
+    lines = []
+    for f in fields(c):
+        value = getattr(c, f.name)
+        if f.name == "reduce_dtypes":
+            for op in REDUCE_OPS:
+                native = value.get(op)
+                shown = _dtype_names(native) if native else (
+                    "emulated as sum then divide" if op == "avg" else "not supported")
+                lines.append(f"reduce {op}: {shown}")
+            continue
+        if f.name == "copy_dtypes":
+            value = _dtype_names(value)
+        lines.append(f"{f.name}: {value}")
+    return "\n".join(lines)

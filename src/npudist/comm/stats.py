@@ -1,0 +1,129 @@
+"""Per-(op, backend) accounting of collectives, read as an immutable snapshot by the exporter.
+
+Recording is a few integer additions under an uncontended lock: no device synchronisation, so the
+durations are host wall time (issue to return, or issue to ``wait()`` for async calls) unless
+``NPUDIST_COMM_SYNC_TIMING=1`` asks the collectives to synchronise the device before stopping the clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+
+# Seconds; the exporter turns these into the histogram of npudist_collective_duration_seconds.
+DURATION_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, float("inf"))
+ADAPTATION_KINDS = ("cast", "contiguous", "pad", "align", "stage")
+
+
+@dataclass(frozen=True)
+class OpStats:
+    op: str
+    """all_reduce, broadcast, all_gather, reduce_scatter, all_reduce_many."""
+    backend: str
+    """gloo, nccl, hccl, ..."""
+    calls: int
+    bytes: int
+    """Payload bytes the caller passed (before adaptation)."""
+    duration_sum_seconds: float
+    duration_count: int
+    duration_buckets: tuple[tuple[float, int], ...]
+    """(upper bound in seconds, cumulative count); the last bound is inf."""
+    inflight: int
+    """Operations issued and not yet waited (async handles, and buckets of all_reduce_many)."""
+    adaptations: dict[str, int]
+    """kind -> count for every kind in ADAPTATION_KINDS (zeros included, so series stay stable)."""
+
+
+@dataclass(frozen=True)
+class CommStats:
+    ops: tuple[OpStats, ...]
+
+    def get(self, op: str, backend: str | None = None) -> OpStats | None:
+        """The entry for ``op`` (and ``backend``, when given), or None."""
+        for s in self.ops:
+            if s.op == op and (backend is None or s.backend == backend):
+                return s
+        return None
+
+
+class _Counter:
+    __slots__ = ("adaptations", "buckets", "bytes", "calls", "duration_sum", "inflight")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.bytes = 0
+        self.duration_sum = 0.0
+        self.buckets = [0] * len(DURATION_BUCKETS)
+        self.inflight = 0
+        self.adaptations = dict.fromkeys(ADAPTATION_KINDS, 0)
+
+
+class Recorder:
+    """Thread-safe counters; one module-level instance backs stats()/reset_stats()."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[tuple[str, str], _Counter] = {}
+
+    def _counter(self, op: str, backend: str) -> _Counter:
+        c = self._counters.get((op, backend))
+        if c is None:
+            c = self._counters[(op, backend)] = _Counter()
+        return c
+
+    def record(self, op: str, backend: str, nbytes: int, seconds: float,
+               kinds: tuple[str, ...] | list[str] = ()) -> None:
+        """One finished call: its payload bytes, wall time and the adaptations it needed."""
+        index = bisect.bisect_left(DURATION_BUCKETS, seconds)
+        with self._lock:
+            c = self._counter(op, backend)
+            c.calls += 1
+            c.bytes += nbytes
+            c.duration_sum += seconds
+            c.buckets[index] += 1
+            for kind in kinds:
+                c.adaptations[kind] += 1
+
+    def inflight(self, op: str, backend: str, delta: int) -> None:
+        with self._lock:
+            self._counter(op, backend).inflight += delta
+
+    def snapshot(self) -> CommStats:
+        with self._lock:
+            items = sorted(self._counters.items())
+            out = []
+            for (op, backend), c in items:
+                cumulative, running = [], 0
+                for bound, n in zip(DURATION_BUCKETS, c.buckets, strict=True):
+                    running += n
+                    cumulative.append((bound, running))
+                out.append(OpStats(op=op, backend=backend, calls=c.calls, bytes=c.bytes,
+                                   duration_sum_seconds=c.duration_sum, duration_count=c.calls,
+                                   duration_buckets=tuple(cumulative), inflight=c.inflight,
+                                   adaptations=dict(c.adaptations)))
+        return CommStats(ops=tuple(out))
+
+    def reset(self) -> None:
+        """Forget finished calls; in-flight counts survive so a later wait() cannot go negative."""
+        with self._lock:
+            for key, c in list(self._counters.items()):
+                if c.inflight:
+                    fresh = _Counter()
+                    fresh.inflight = c.inflight
+                    self._counters[key] = fresh
+                else:
+                    del self._counters[key]
+
+
+RECORDER = Recorder()
+
+
+def stats() -> CommStats:
+    """Immutable snapshot of every collective recorded in this process."""
+    return RECORDER.snapshot()
+
+
+def reset_stats() -> None:
+    """Start counting afresh (tests, benchmarks)."""
+    RECORDER.reset()
