@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ class RankTelemetry:
     local_rank: int
     server: MetricsServer | None = None
     poller: Poller | None = None
+    synchronize: Callable[[], None] | None = None
+    """Waits for this rank's device (None on CPU), so step times include the device's work."""
 
     def vitals(self) -> tuple[float | None, float | None]:
         """This rank's device temperature and frequency from the last device read, for skew warnings."""
@@ -49,6 +51,7 @@ class RankTelemetry:
         """A StepTimer recording into this rank's metrics (keywords as StepTimer's)."""
         kwargs.setdefault("device_type", self.device_type)
         kwargs.setdefault("vitals", self.vitals)
+        kwargs.setdefault("synchronize", self.synchronize)
         return StepTimer(self.training, **kwargs)
 
     def close(self) -> None:
@@ -103,6 +106,8 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         registry.register(AllocatorCollector(lambda: acc.memory_stats(index), health, labels))
     registry.register(CommCollector(health, labels))
     telemetry = RankTelemetry(registry, health, training, device_type, local_rank)
+    if ctx is not None and device_type != "cpu":
+        telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)
     port = metrics_port(env)
     if port is not None:
         telemetry.server = serve(registry, env.get(HOST_VAR, "").strip() or DEFAULT_HOST, port and port + local_rank)
