@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,8 +33,8 @@ def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]
     if not rows:
         raise ValueError("skew needs at least one rank's window mean")
     means = tuple(float(r[0]) for r in rows)
-    avg = sum(means) / len(means)
-    std = math.sqrt(sum((m - avg) ** 2 for m in means) / len(means))
+    avg = statistics.fmean(means)
+    std = statistics.pstdev(means)  # exact arithmetic: equal ranks give exactly 0
     straggler = max(range(len(means)), key=lambda i: (means[i], -i))
     return SkewReport(first_step, last_step, means, tuple(_known(r[1]) for r in rows),
                       tuple(_known(r[2]) for r in rows), std / avg if avg > 0 else 0.0, straggler)
