@@ -16,14 +16,17 @@ def test_catalogue_follows_the_naming_rules():
 
 def test_issue_metric_names_are_all_catalogued():
     # The list from the telemetry issue, parts 3 and the collectives issue, typed out by hand.
-    wanted = """npudist_device_up npudist_device_info npudist_device_utilization_ratio
-    npudist_device_memory_used_bytes npudist_device_memory_total_bytes npudist_device_power_watts
-    npudist_device_temperature_celsius npudist_device_frequency_hertz npudist_allocator_allocated_bytes
-    npudist_allocator_reserved_bytes npudist_allocator_fragmentation_ratio npudist_step_duration_seconds
-    npudist_steps_total npudist_step_skew_ratio npudist_straggler_rank npudist_op_duration_seconds
-    npudist_collective_calls_total npudist_collective_bytes_total npudist_collective_duration_seconds
-    npudist_collective_inflight npudist_collective_adaptations_total npudist_collector_errors_total
-    npudist_collector_last_success_timestamp_seconds npudist_collector_duration_seconds""".split()
+    wanted = ["npudist_device_up", "npudist_device_info", "npudist_device_utilization_ratio",
+        "npudist_device_memory_used_bytes", "npudist_device_memory_total_bytes",
+        "npudist_device_power_watts", "npudist_device_temperature_celsius",
+        "npudist_device_frequency_hertz", "npudist_allocator_allocated_bytes",
+        "npudist_allocator_reserved_bytes", "npudist_allocator_fragmentation_ratio",
+        "npudist_step_duration_seconds", "npudist_steps_total", "npudist_step_skew_ratio",
+        "npudist_straggler_rank", "npudist_op_duration_seconds", "npudist_collective_calls_total",
+        "npudist_collective_bytes_total", "npudist_collective_duration_seconds",
+        "npudist_collective_inflight", "npudist_collective_adaptations_total",
+        "npudist_collector_errors_total", "npudist_collector_last_success_timestamp_seconds",
+        "npudist_collector_duration_seconds"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"

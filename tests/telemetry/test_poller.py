@@ -4,8 +4,8 @@ import pytest
 from exp_helpers import CRASH, GARBAGE, GIB, ScriptedSource, eight_ascend, families, registry_text, samples
 
 from npudist.telemetry.exporter import build
-from npudist.telemetry.poller import Poller
 from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.poller import Poller
 
 
 def _labels(device: int) -> tuple:

@@ -22,14 +22,16 @@ def _text(*collectors) -> dict:
 
 def test_allocator_values_and_fragmentation():
     health = CollectorHealth()
-    fams = _text(AllocatorCollector(lambda: {"allocated_bytes": 3 << 30, "reserved_bytes": 4 << 30}, health, RANK))
+    stats = {"allocated_bytes": 3 << 30, "reserved_bytes": 4 << 30}
+    fams = _text(AllocatorCollector(lambda: stats, health, RANK))
     assert samples(fams, "npudist_allocator_allocated_bytes") == {KEY: 3 * 2**30}
     assert samples(fams, "npudist_allocator_reserved_bytes") == {KEY: 4 * 2**30}
     assert samples(fams, "npudist_allocator_fragmentation_ratio") == {KEY: 0.25}  # 1 - 3/4
 
 
 def test_allocator_with_nothing_reserved_has_no_ratio_and_cpu_has_no_samples():
-    fams = _text(AllocatorCollector(lambda: {"allocated_bytes": 0, "reserved_bytes": 0}, CollectorHealth(), RANK))
+    stats = {"allocated_bytes": 0, "reserved_bytes": 0}
+    fams = _text(AllocatorCollector(lambda: stats, CollectorHealth(), RANK))
     assert samples(fams, "npudist_allocator_reserved_bytes") == {KEY: 0.0}
     assert samples(fams, "npudist_allocator_fragmentation_ratio") == {}
     fams = _text(AllocatorCollector(dict, CollectorHealth(), RANK))
