@@ -1,7 +1,7 @@
 """Telemetry: device sources, training-loop metrics and one Prometheus exporter."""
 
-from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
 from npudist.telemetry.rank import RankTelemetry, serve_rank_metrics
+from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
 from npudist.telemetry.training import StepTimer, TrainingMetrics
 
 __all__ = [

@@ -110,7 +110,8 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)
     port = metrics_port(env)
     if port is not None:
-        telemetry.server = serve(registry, env.get(HOST_VAR, "").strip() or DEFAULT_HOST, port and port + local_rank)
+        host = env.get(HOST_VAR, "").strip() or DEFAULT_HOST
+        telemetry.server = serve(registry, host, port and port + local_rank)
         log.info("rank %d metrics at %s", rank, telemetry.server.url)
     if device_source is not None:
         telemetry.poller = _vitals_poller(device_source, health)
