@@ -76,8 +76,9 @@ def _exporter(port_out: mp.Queue, hang: bool) -> None:
     for op in ("matmul", "softmax", "layer_norm", "attention"):
         training.observe_op(op, 1e-4)
     reg = CollectorRegistry(auto_describe=False)
+    allocator = {"allocated_bytes": 3 * GIB, "reserved_bytes": 4 * GIB}
     for c in (DeviceCollector([poller], health, "bench"), health, training,
-              AllocatorCollector(lambda: {"allocated_bytes": 3 * GIB, "reserved_bytes": 4 * GIB}, health, labels),
+              AllocatorCollector(lambda: allocator, health, labels),
               CommCollector(health, labels, stats=lambda: comm)):
         reg.register(c)
     server = serve(reg, "127.0.0.1", 0)

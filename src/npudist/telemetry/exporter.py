@@ -24,7 +24,7 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "": 1.0}
 
 def parse_interval(text: str) -> float:
     """``5s``, ``500ms``, ``1m`` or a bare number of seconds -> seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|)\s*", text)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|)\s*", text)
     if m is None or float(m.group(1)) <= 0:
         raise ExporterError(f"--interval {text!r}: give a positive duration such as 5s, 500ms or 1m")
     return float(m.group(1)) * _UNITS[m.group(2)]

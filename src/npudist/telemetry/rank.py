@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def metrics_port(env: Mapping[str, str]) -> int | None:
     raw = env.get(PORT_VAR, "").strip()
     if not raw:
         return None
-    if not raw.isdigit():
+    if not re.fullmatch(r"[0-9]+", raw):
         raise ExporterError(f"{PORT_VAR}={raw!r} is not a port number; unset it or give the base port")
     port = int(raw)
     check_port(port, PORT_VAR, allow_zero=True)  # 0: any free port (tests, single-process notebooks)

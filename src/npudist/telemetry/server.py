@@ -22,10 +22,10 @@ class ExporterError(RuntimeError):
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT``, ``:PORT`` or ``PORT`` (host 127.0.0.1); ``[::1]:PORT`` for IPv6."""
     raw = text.strip()
-    if raw.isdigit():
+    if re.fullmatch(r"[0-9]+", raw):  # not str.isdigit(): it accepts "²", which int() refuses
         host, port = DEFAULT_HOST, raw
     else:
-        m = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]\s]*)):(?P<port>\d+)", raw)
+        m = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]\s]*)):(?P<port>[0-9]+)", raw)
         if m is None:
             raise ExporterError(f"--listen {text!r}: expected HOST:PORT such as 127.0.0.1:9400 "
                                 "(0.0.0.0:PORT to listen on every interface)")
