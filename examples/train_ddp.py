@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import npudist
+import npudist.telemetry
 from npudist import checkpoint
 
 
@@ -41,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--activation", choices=ACTIVATIONS, default="relu",
                    help="feed-forward activation; swish-op is npudist.ops.Swish (beta 1, the SiLU maths) "
                    "through the custom operator")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="no step timer, skew exchange, op sampling or metrics server (overhead baseline)")
     args = p.parse_args(argv)
     for name in ("steps", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab", "d_model", "layers",
                  "log_every"):
@@ -130,7 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0
+    # Metrics on NPUDIST_METRICS_PORT + local rank when set; skew exchange every 20 steps, ops every 100.
+    telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
+    end_step = telemetry.step_timer(exchange_every=20, op_every=100).step if telemetry else (lambda: None)
     try:
+        end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
             batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
             mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
@@ -139,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            end_step()
             window_samples += args.global_batch_size
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 loss_value = float(loss.detach())
@@ -157,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
     finally:
+        if telemetry is not None:
+            telemetry.close()
         npudist.shutdown()
 
 

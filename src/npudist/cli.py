@@ -87,6 +87,23 @@ def _add_bench() -> None:
 _add_bench()
 
 
+@app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
+def exporter(
+    listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),
+    source: str = typer.Option("auto", help="auto, npu-smi, rknpu, nvml, cpu (or package.module:Class)."),
+    interval: str = typer.Option("5s", help="Time between device reads, e.g. 5s, 500ms, 1m."),
+) -> None:
+    from npudist.telemetry import exporter as node
+
+    try:
+        running = node.start(listen, source, interval)
+    except (node.ExporterError, node.SourceUnavailable) as exc:
+        err.print(f"[bold red]npudist exporter:[/] {exc}")
+        raise typer.Exit(2) from None
+    err.print(f"npudist exporter: serving {running.server.url} (source {source}, every {interval})")
+    node.run_forever(running)
+
+
 def main() -> None:
     try:
         app()

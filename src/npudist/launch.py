@@ -31,6 +31,11 @@ class LaunchPlan:
     exec_argv: list[str] = field(default_factory=list)
     exec_env: dict[str, str] = field(default_factory=dict)
     nproc_per_node: int | None = None
+    env_updates: dict[str, str] = field(default_factory=dict)
+    """Variables the ranks get on top of this process's environment (NPUDIST_METRICS_PORT)."""
+    targets_file: str | None = None
+    targets: list[dict[str, object]] = field(default_factory=list)
+    """Prometheus file_sd groups for the ranks started here, written to targets_file before they start."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,10 +47,14 @@ def parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("npudist")
     group.add_argument("--mpi", action="store_true",
                        help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")
+    group.add_argument("--metrics-port", type=int, default=None,
+                       help="each rank serves Prometheus metrics on this port + its local rank")
+    group.add_argument("--targets-file", default=None,
+                       help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints")
     return p
 
 
-_OURS = {"--mpi": 0}
+_OURS = {"--mpi": 0, "--metrics-port": 1, "--targets-file": 1}
 
 
 def _option_given(tokens: Sequence[str], names: Sequence[str]) -> bool:
@@ -119,7 +128,7 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
         raise LaunchError("give the training script to run: npudist launch [options] SCRIPT [ARGS]")
     ns, head, tail = _split(argv)
     if ns.mpi:
-        return _plan_mpi(ns, head, tail, env)
+        return _with_metrics(_plan_mpi(ns, head, tail, env), ns, env)
     head = _strip_ours(head)
     nproc = resolve_nproc(ns.nproc_per_node if _option_given(head, ("--nproc-per-node", "--nproc_per_node"))
                           else None, acc, env)
@@ -138,7 +147,45 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
             f"--master-port {ns.master_port} is already in use on this host (another job or a stale rank). "
             "Choose a free port or stop the process holding it."
         )
-    return LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc)
+    return _with_metrics(LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc), ns, env)
+
+
+def _with_metrics(the_plan: LaunchPlan, ns: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
+    """--metrics-port/--targets-file: the ranks' port variable and the file_sd targets (telemetry.targets).
+
+    Under --mpi each rank runs its own launch; local rank 0 writes the file for every rank of its node.
+    """
+    if ns.metrics_port is None:
+        if ns.targets_file:
+            raise LaunchError("--targets-file lists the ranks' metrics endpoints: add --metrics-port PORT")
+        return the_plan
+    from npudist.telemetry import targets
+    from npudist.telemetry.rank import HOST_VAR, PORT_VAR
+    from npudist.telemetry.server import ExporterError
+
+    if the_plan.mode == "mpi":
+        info = rank_info(the_plan.exec_env)
+        nproc, mine = info.local_world_size, [info.local_rank]
+        writes = info.local_rank == 0
+    else:
+        nproc = the_plan.nproc_per_node or 1
+        mine, writes = list(range(nproc)), True
+    host = env.get(HOST_VAR, "").strip() or "127.0.0.1"
+    try:
+        ports = targets.rank_ports(ns.metrics_port, nproc)
+    except ExporterError as exc:
+        raise LaunchError(str(exc)) from None
+    busy = [ports[i] for i in mine if port_in_use(host, ports[i])]
+    if busy:
+        raise LaunchError(f"--metrics-port {ns.metrics_port}: port(s) {', '.join(map(str, busy))} on {host} "
+                          "already in use; rank i serves on PORT+i, so choose a base port with a free range.")
+    the_plan.env_updates[PORT_VAR] = str(ns.metrics_port)
+    if the_plan.mode == "mpi":
+        the_plan.exec_env.update(the_plan.env_updates)
+    if ns.targets_file and writes:
+        the_plan.targets_file = ns.targets_file
+        the_plan.targets = targets.targets_document(targets.target_host(host), ports)
+    return the_plan
 
 
 def _is_nproc_token(tokens: list[str], i: int) -> bool:
@@ -184,6 +231,11 @@ def _plan_mpi(ns: argparse.Namespace, head: list[str], tail: list[str], env: Map
 def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
     """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script."""
     the_plan = plan(argv, acc, dict(os.environ if env is None else env))
+    if the_plan.targets_file:
+        from npudist.telemetry.targets import write_targets
+
+        write_targets(the_plan.targets_file, the_plan.targets)
+    os.environ.update(the_plan.env_updates)  # torchrun's workers inherit this process's environment
     if the_plan.mode == "mpi":
         os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.conftest import run_npudist
 
 from npudist.comm.bench import bus_factor, parse_size, sizes, summarise
+from tests.conftest import run_npudist
 
 
 def test_sizes_parse_and_double():

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import child_env, run_npudist
 
 SCRIPT = str(Path(__file__).parent / "rank_errors.py")

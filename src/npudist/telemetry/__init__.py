@@ -1,5 +1,17 @@
 """Telemetry: device sources, training-loop metrics and one Prometheus exporter."""
 
+from npudist.telemetry.rank import RankTelemetry, serve_rank_metrics
 from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
+from npudist.telemetry.training import StepTimer, TrainingMetrics
 
-__all__ = ["DeviceReading", "ParseError", "ProcessReading", "Source", "SourceError"]
+__all__ = [
+    "DeviceReading",
+    "ParseError",
+    "ProcessReading",
+    "RankTelemetry",
+    "Source",
+    "SourceError",
+    "StepTimer",
+    "TrainingMetrics",
+    "serve_rank_metrics",
+]

@@ -1,0 +1,148 @@
+"""Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector, 20 concurrent scrapers.
+
+    python benchmarks/scrape_latency.py [--seconds 10] [--scrapers 20] [--period 0.25]
+
+The exporter runs in its own process (as in production, scrapers do not share its interpreter).
+Phases: the device source answering, then the same source hung (as a stuck npu-smi), each measured
+paced (every scraper every --period s) and closed-loop (every scraper back to back, saturation).
+Target: median <= 5 ms and p99 <= 20 ms under 20 concurrent scrapers, including while the source hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+GIB = 1024**3
+
+
+def _exporter(port_out: mp.Queue, hang: bool) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from npudist.telemetry.allocator import AllocatorCollector
+    from npudist.telemetry.collectives import CommCollector
+    from npudist.telemetry.devices import DeviceCollector
+    from npudist.telemetry.health import CollectorHealth
+    from npudist.telemetry.poller import Poller
+    from npudist.telemetry.readings import DeviceReading, Source
+    from npudist.telemetry.server import serve
+    from npudist.telemetry.training import TrainingMetrics
+
+    readings = [DeviceReading("npu", i, 0, name="910B3", health="OK", power_watts=90.0 + i,
+                              temperature_celsius=40.0 + i, utilization_ratio=0.5, frequency_hertz=1.8e9,
+                              memory_used_bytes=3 * GIB, memory_total_bytes=64 * GIB,
+                              bus_id=f"0000:C{i}:00.0", logical_id=i) for i in range(8)]
+
+    class FakeNpuSmi(Source):
+        name, vendor, calls = "npu-smi", "npu", 0
+
+        def read(self):
+            self.calls += 1
+            if hang and self.calls > 1:
+                threading.Event().wait()  # hangs for good, like npu-smi stuck in the driver
+            return readings
+
+    @dataclass(frozen=True)
+    class Op:
+        op: str
+        backend: str = "hccl"
+        calls: int = 1000
+        bytes: int = 4096000
+        duration_sum_seconds: float = 0.5
+        duration_count: int = 1000
+        duration_buckets: tuple = tuple((b, 1000) for b in (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01,
+                                                             0.05, 0.1, 0.5, 1.0, 5.0, 30.0, float("inf")))
+        inflight: int = 0
+        adaptations: dict = field(default_factory=lambda: {"cast": 2, "contiguous": 5})
+
+    @dataclass(frozen=True)
+    class Stats:
+        ops: tuple
+
+    comm = Stats(tuple(Op(name) for name in ("all_reduce", "all_gather", "broadcast", "reduce_scatter")))
+    health = CollectorHealth()
+    poller = Poller(FakeNpuSmi(), health, interval_s=1.0, timeout_s=0.5)
+    poller.poll_once()
+    poller.start()
+    labels = ["0", "0", "bench"]
+    training = TrainingMetrics(labels)
+    for i in range(1000):
+        training.steps.observe(0.03 + i * 1e-5)
+    for op in ("matmul", "softmax", "layer_norm", "attention"):
+        training.observe_op(op, 1e-4)
+    reg = CollectorRegistry(auto_describe=False)
+    allocator = {"allocated_bytes": 3 * GIB, "reserved_bytes": 4 * GIB}
+    for c in (DeviceCollector([poller], health, "bench"), health, training,
+              AllocatorCollector(lambda: allocator, health, labels),
+              CommCollector(health, labels, stats=lambda: comm)):
+        reg.register(c)
+    server = serve(reg, "127.0.0.1", 0)
+    port_out.put(server.port)
+    threading.Event().wait()
+
+
+async def _scrape(port: int) -> float:
+    began = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    body = await reader.read()
+    writer.close()
+    if b"npudist_device_power_watts{" not in body:
+        raise RuntimeError("scrape lacks device metrics")
+    return time.perf_counter() - began
+
+
+async def _load(port: int, scrapers: int, seconds: float, period: float | None) -> list[float]:
+    out: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    async def one(offset: float) -> None:
+        if period:
+            await asyncio.sleep(offset)
+        while time.perf_counter() < stop:
+            began = time.perf_counter()
+            out.append(await _scrape(port))
+            if period:
+                await asyncio.sleep(max(0.0, period - (time.perf_counter() - began)))
+
+    await asyncio.gather(*(one(i * (period or 0) / scrapers) for i in range(scrapers)))
+    return out
+
+
+def _summary(lat: list[float]) -> str:
+    lat = sorted(lat)
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    return f"n={len(lat):5d} median={statistics.median(lat) * 1e3:6.2f} ms  p99={p99 * 1e3:6.2f} ms"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--scrapers", type=int, default=20)
+    p.add_argument("--period", type=float, default=0.25)
+    args = p.parse_args()
+    ctx = mp.get_context("spawn")
+    for hang in (False, True):
+        q = ctx.Queue()
+        proc = ctx.Process(target=_exporter, args=(q, hang), daemon=True)
+        proc.start()
+        port = q.get(timeout=60)
+        time.sleep(1.5 if hang else 0.2)  # with --hang the second read is stuck by now
+        asyncio.run(_load(port, args.scrapers, 1.0, args.period))  # warm-up
+        paced = asyncio.run(_load(port, args.scrapers, args.seconds, args.period))
+        closed = asyncio.run(_load(port, args.scrapers, args.seconds, None))
+        proc.terminate()
+        proc.join(5)
+        state = "source hung" if hang else "source ok  "
+        print(f"{state} paced every {args.period}s x{args.scrapers}: {_summary(paced)}")
+        print(f"{state} closed loop      x{args.scrapers}: {_summary(closed)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

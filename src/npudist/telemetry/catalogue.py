@@ -1,0 +1,179 @@
+"""Every metric npudist exports, as data: the single source of truth for collectors, docs and dashboards.
+
+Collectors build their families from these rows (``family()``), so a name, type, help text or label set
+cannot drift between the exporter, the README table and dashboard queries. Rows are checked by
+``validate()`` (a test runs it) against Prometheus naming practice: base units, the unit as the
+name's suffix, ``_total`` on counters (https://prometheus.io/docs/practices/naming/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+BASE_UNITS = ("seconds", "bytes", "watts", "celsius", "ratio", "hertz")
+TYPES = ("gauge", "counter", "histogram")
+
+DEVICE_LABELS = ("node", "vendor", "device", "chip", "model")
+# `job` is not exposed by the ranks: Prometheus sets it at scrape time (from the scrape config or the
+# file_sd targets file `npudist launch` writes); an exposed `job` would be renamed to `exported_job`.
+RANK_LABELS = ("rank", "local_rank", "node")
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    type: str
+    """gauge, counter or histogram (info metrics are gauges ending in ``_info`` with the value 1)."""
+    unit: str
+    """One of BASE_UNITS, or "" for counts, states and identifiers."""
+    help: str
+    labels: tuple[str, ...]
+    """Labels in the order collectors give their values."""
+    source: str
+    """Where the value comes from, for the README table."""
+
+
+_DEV = "device source (npu-smi, rknpu, NVML, cpu)"
+
+CATALOGUE: tuple[MetricDef, ...] = (
+    MetricDef("npudist_device_up", "gauge", "",
+              "1 when the latest device read listed this device, 0 when that read failed or is stale.",
+              DEVICE_LABELS, _DEV),
+    MetricDef("npudist_device_info", "gauge", "",
+              "Always 1; labels carry the device's health, bus id and logical index.",
+              (*DEVICE_LABELS, "health", "bus_id", "logical_id"), _DEV),
+    MetricDef("npudist_device_utilization_ratio", "gauge", "ratio",
+              "Compute-unit (AI core, SM, NPU core) busy fraction, 0-1.", DEVICE_LABELS, _DEV),
+    MetricDef("npudist_device_memory_used_bytes", "gauge", "bytes",
+              "Device main memory in use (HBM where the device has it, else DDR).", DEVICE_LABELS, _DEV),
+    MetricDef("npudist_device_memory_total_bytes", "gauge", "bytes",
+              "Device main memory capacity (HBM where the device has it, else DDR).", DEVICE_LABELS, _DEV),
+    MetricDef("npudist_device_power_watts", "gauge", "watts", "Device power draw.", DEVICE_LABELS, _DEV),
+    MetricDef("npudist_device_temperature_celsius", "gauge", "celsius", "Device temperature.",
+              DEVICE_LABELS, _DEV),
+    MetricDef("npudist_device_frequency_hertz", "gauge", "hertz", "Device compute clock frequency.",
+              DEVICE_LABELS, _DEV),
+    MetricDef("npudist_allocator_allocated_bytes", "gauge", "bytes",
+              "Bytes held by live tensors in this rank's caching allocator.", RANK_LABELS,
+              "torch device module memory_allocated()"),
+    MetricDef("npudist_allocator_reserved_bytes", "gauge", "bytes",
+              "Bytes the caching allocator holds from the device (allocated plus cached).", RANK_LABELS,
+              "torch device module memory_reserved()"),
+    MetricDef("npudist_allocator_fragmentation_ratio", "gauge", "ratio",
+              "1 - allocated/reserved: share of reserved memory not held by tensors (no sample when "
+              "nothing is reserved).", RANK_LABELS, "computed from the two allocator readings"),
+    MetricDef("npudist_step_duration_seconds", "histogram", "seconds", "Wall time of one training step.",
+              RANK_LABELS, "StepTimer"),
+    MetricDef("npudist_steps_total", "counter", "", "Training steps completed by this rank.", RANK_LABELS,
+              "StepTimer"),
+    MetricDef("npudist_step_skew_ratio", "gauge", "ratio",
+              "Standard deviation / mean of the ranks' mean step times over the last window (rank 0 only).",
+              RANK_LABELS, "StepTimer all_gather every N steps"),
+    MetricDef("npudist_straggler_rank", "gauge", "",
+              "Rank with the longest mean step time over the last window (rank 0 only).", RANK_LABELS,
+              "StepTimer all_gather every N steps"),
+    MetricDef("npudist_op_duration_seconds", "histogram", "seconds",
+              "Self time of one operator call in a profiled step, by operator family.",
+              (*RANK_LABELS, "op"), "torch.profiler, one step every M steps"),
+    MetricDef("npudist_collective_calls_total", "counter", "", "Collective calls issued.",
+              (*RANK_LABELS, "op", "backend"), "npudist.comm.stats()"),
+    MetricDef("npudist_collective_bytes_total", "counter", "bytes", "Payload bytes passed to collectives.",
+              (*RANK_LABELS, "op", "backend"), "npudist.comm.stats()"),
+    MetricDef("npudist_collective_duration_seconds", "histogram", "seconds",
+              "Time from issuing a collective to its completion.", (*RANK_LABELS, "op", "backend"),
+              "npudist.comm.stats()"),
+    MetricDef("npudist_collective_inflight", "gauge", "",
+              "Async collective handles issued and not yet waited.", (*RANK_LABELS, "op", "backend"),
+              "npudist.comm.stats()"),
+    MetricDef("npudist_collective_adaptations_total", "counter", "",
+              "Tensor adaptations made so a backend accepts the call (cast, contiguous, pad, align, stage).",
+              (*RANK_LABELS, "op", "backend", "kind"), "npudist.comm.stats()"),
+    MetricDef("npudist_collector_errors_total", "counter", "",
+              "Failed reads by collector and reason (timeout, exit_code, parse, missing, error).",
+              ("collector", "reason"), "exporter self-monitoring"),
+    MetricDef("npudist_collector_last_success_timestamp_seconds", "gauge", "seconds",
+              "Unix time of the collector's last successful read.", ("collector",),
+              "exporter self-monitoring"),
+    MetricDef("npudist_collector_duration_seconds", "gauge", "seconds",
+              "Duration of the collector's last read, successful or not.", ("collector",),
+              "exporter self-monitoring"),
+)
+
+BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOGUE}
+
+# Suffixes that betray a non-base unit (milliseconds, percent, MiB, ...).
+_BAD_SUFFIXES = ("_ms", "_milliseconds", "_us", "_percent", "_pct", "_mb", "_mib", "_kb", "_kib", "_gb",
+                 "_mw", "_mhz", "_khz", "_millicelsius", "_count", "_sum", "_bucket")
+
+
+def problems(rows: Iterable[MetricDef] = CATALOGUE) -> list[str]:
+    """Every naming rule a row breaks, as readable lines (empty when the catalogue is sound)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for m in rows:
+        where = f"{m.name}:"
+        if m.name in seen:
+            out.append(f"{where} listed twice")
+        seen.add(m.name)
+        if not m.name.startswith("npudist_"):
+            out.append(f"{where} missing the npudist_ prefix")
+        if m.type not in TYPES:
+            out.append(f"{where} type {m.type!r} is not one of {TYPES}")
+        if m.unit and m.unit not in BASE_UNITS:
+            out.append(f"{where} unit {m.unit!r} is not a base unit {BASE_UNITS}")
+        stem = m.name.removesuffix("_total") if m.type == "counter" else m.name
+        if m.type == "counter" and not m.name.endswith("_total"):
+            out.append(f"{where} counters end in _total")
+        if m.type != "counter" and m.name.endswith("_total"):
+            out.append(f"{where} only counters end in _total")
+        if m.unit and not stem.endswith("_" + m.unit):
+            out.append(f"{where} name must end in its unit _{m.unit}")
+        if not m.unit and any(stem.endswith("_" + u) for u in BASE_UNITS):
+            out.append(f"{where} name ends in a unit but the row has none")
+        if any(stem.endswith(s) for s in _BAD_SUFFIXES):
+            out.append(f"{where} suffix names a non-base unit or a reserved series suffix")
+        if m.name.endswith("_info") and m.type != "gauge":
+            out.append(f"{where} info metrics are gauges")
+        if len(set(m.labels)) != len(m.labels) or "le" in m.labels or "job" in m.labels:
+            out.append(f"{where} labels repeat or use a reserved name (le, job)")
+        if not m.help.strip():
+            out.append(f"{where} has no help text")
+    return out
+
+
+def validate(rows: Iterable[MetricDef] = CATALOGUE) -> None:
+    """Raise ValueError listing every broken naming rule."""
+    found = problems(rows)
+    if found:
+        raise ValueError("metric catalogue is inconsistent:\n  " + "\n  ".join(found))
+
+
+def family(name: str, extra_labels: Sequence[str] = ()) -> Metric:
+    """A fresh, empty family for catalogue row ``name``; collectors add samples in the row's label order."""
+    m = BY_NAME[name]
+    labels = [*m.labels, *extra_labels]
+    if m.type == "counter":
+        return CounterMetricFamily(m.name, m.help, labels=labels)
+    if m.type == "histogram":
+        return HistogramMetricFamily(m.name, m.help, labels=labels, unit="")
+    return GaugeMetricFamily(m.name, m.help, labels=labels)
+
+
+def markdown_table(rows: Iterable[MetricDef] = CATALOGUE) -> str:
+    """The README metric table (name, type, unit, labels, source), generated so it cannot drift."""
+    lines = ["| name | type | unit | labels | source |", "|---|---|---|---|---|"]
+    for m in rows:
+        lines.append(f"| `{m.name}` | {m.type} | {m.unit or '-'} | {', '.join(m.labels)} | {m.source} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m npudist.telemetry.catalogue` prints the table
+    print(markdown_table(), end="")

@@ -1,0 +1,63 @@
+"""Device metrics from pollers' last good snapshots: one row of the table per DeviceReading field."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import Metric
+
+from npudist.telemetry.catalogue import family
+from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.poller import Poller, finite
+from npudist.telemetry.readings import DeviceReading
+
+# metric -> DeviceReading attribute; readings are already in base units (readings.py), so no conversion.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("npudist_device_utilization_ratio", "utilization_ratio"),
+    ("npudist_device_memory_used_bytes", "memory_used_bytes"),
+    ("npudist_device_memory_total_bytes", "memory_total_bytes"),
+    ("npudist_device_power_watts", "power_watts"),
+    ("npudist_device_temperature_celsius", "temperature_celsius"),
+    ("npudist_device_frequency_hertz", "frequency_hertz"),
+)
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def device_labels(node: str, r: DeviceReading) -> list[str]:
+    return [node, r.vendor, str(r.device_id), str(r.chip_id), _text(r.name)]
+
+
+class DeviceCollector:
+    """Yields npudist_device_* families from every poller's snapshot; a reading that cannot be
+    exported is counted as a ``collect`` error of its poller and skipped."""
+
+    def __init__(self, pollers: Sequence[Poller], health: CollectorHealth, node: str | None = None) -> None:
+        self.pollers = list(pollers)
+        self.health = health
+        self.node = node or socket.gethostname()
+
+    def collect(self) -> Iterator[Metric]:
+        up, info = family("npudist_device_up"), family("npudist_device_info")
+        values = {name: family(name) for name, _ in FIELDS}
+        for poller in self.pollers:
+            snap = poller.snapshot()
+            for r in snap.readings:
+                try:
+                    labels = device_labels(self.node, r)
+                    samples = [(name, float(getattr(r, attr))) for name, attr in FIELDS
+                               if finite(getattr(r, attr))]
+                    info_labels = [*labels, _text(r.health), _text(r.bus_id), _text(r.logical_id)]
+                except (TypeError, ValueError, AttributeError):
+                    self.health.error(poller.name, "collect")
+                    continue
+                up.add_metric(labels, 1.0 if snap.fresh else 0.0)
+                info.add_metric(info_labels, 1.0)
+                for name, value in samples:
+                    values[name].add_metric(labels, value)
+        yield up
+        yield info
+        yield from values.values()

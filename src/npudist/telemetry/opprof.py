@@ -1,0 +1,73 @@
+"""Operator timing from torch.profiler: aten op names folded into a few families (matmul, softmax, ...).
+
+Only leaf kernels are listed: composites such as ``aten::linear`` or ``aten::layer_norm`` spend their
+time in the leaves they call (``aten::addmm``, ``aten::native_layer_norm``), and counting both would
+observe one call twice. Self time is used for the same reason. Ops not in the table are not exported,
+which keeps the ``op`` label bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+# Leaf aten ops as they appear in torch.profiler events (native_functions.yaml names); backward kernels
+# map to their forward's family.
+OP_FAMILIES: dict[str, str] = {
+    "aten::mm": "matmul", "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::baddbmm": "matmul",
+    "aten::addmv": "matmul", "aten::mv": "matmul", "aten::dot": "matmul",
+    "aten::_softmax": "softmax", "aten::_log_softmax": "softmax",
+    "aten::_softmax_backward_data": "softmax", "aten::_log_softmax_backward_data": "softmax",
+    "aten::native_layer_norm": "layer_norm", "aten::native_layer_norm_backward": "layer_norm",
+    "aten::native_batch_norm": "batch_norm", "aten::native_batch_norm_backward": "batch_norm",
+    "aten::_scaled_dot_product_flash_attention": "attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+    "aten::_scaled_dot_product_efficient_attention": "attention",
+    "aten::_scaled_dot_product_cudnn_attention": "attention",
+    "aten::_flash_attention_forward": "attention", "aten::_flash_attention_backward": "attention",
+    "aten::mkldnn_convolution": "conv", "aten::cudnn_convolution": "conv",
+    "aten::convolution_backward": "conv",
+    "aten::gelu": "activation", "aten::gelu_backward": "activation", "aten::relu": "activation",
+    "aten::threshold_backward": "activation", "aten::silu": "activation",
+    "aten::silu_backward": "activation",
+    "aten::embedding_dense_backward": "embedding", "aten::index_select": "embedding",
+    "aten::nll_loss_forward": "loss", "aten::nll_loss_backward": "loss",
+    "aten::native_dropout": "dropout", "aten::native_dropout_backward": "dropout",
+}
+
+
+def normalise(name: str) -> str | None:
+    """The op family of a profiler event name, or None when it is not a tracked leaf kernel."""
+    return OP_FAMILIES.get(name.strip())
+
+
+def event_seconds(event: Any) -> float:
+    """Self time of one FunctionEvent: device time when the profiler captured it, else CPU time (us -> s)."""
+    device_us = getattr(event, "self_device_time_total", None)
+    if device_us is None:  # torch < 2.4 named it after CUDA
+        device_us = getattr(event, "self_cuda_time_total", 0)
+    us = device_us if device_us else event.self_cpu_time_total
+    return float(us) / 1e6
+
+
+def op_durations(events: Iterable[Any]) -> list[tuple[str, float]]:
+    """(family, seconds) for every tracked op call in a profiled step's events."""
+    out = []
+    for ev in events:
+        op = normalise(getattr(ev, "name", ""))
+        if op is not None:
+            out.append((op, event_seconds(ev)))
+    return out
+
+
+def start_profiler(device_type: str) -> Any:
+    """Start torch.profiler for one step: CPU always, plus the device's activity where torch has one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    extra = {"cuda": "CUDA", "xpu": "XPU"}.get(device_type)
+    if extra is not None and hasattr(ProfilerActivity, extra):
+        activities.append(getattr(ProfilerActivity, extra))
+    prof = profile(activities=activities, record_shapes=False, with_stack=False)
+    prof.__enter__()
+    return prof

@@ -1,0 +1,182 @@
+"""Training-loop metrics: StepTimer records step times, exchanges window means, samples operator times."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from npudist.telemetry import opprof
+from npudist.telemetry.catalogue import family
+from npudist.telemetry.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
+from npudist.telemetry.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew_report
+
+log = logging.getLogger("npudist.telemetry")
+
+Vitals = Callable[[], tuple[float | None, float | None]]
+"""Returns this rank's device (temperature_celsius, frequency_hertz), None where unknown."""
+
+
+class TrainingMetrics:
+    """What StepTimer records, exported with this rank's label values (rank, local_rank, node)."""
+
+    def __init__(self, rank_labels: Sequence[str] = ("0", "0", "")) -> None:
+        self.labels = list(rank_labels)
+        self.steps = Histogram(STEP_BUCKETS)
+        self._ops: dict[str, Histogram] = {}
+        self._lock = threading.Lock()
+        self.skew: SkewReport | None = None
+
+    def observe_op(self, op: str, seconds: float) -> None:
+        with self._lock:
+            hist = self._ops.get(op)
+            if hist is None:
+                hist = self._ops[op] = Histogram(OP_BUCKETS)
+        hist.observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        buckets, total, count = self.steps.buckets()
+        fam = family("npudist_step_duration_seconds")
+        fam.add_metric(self.labels, buckets, total)
+        yield fam
+        fam = family("npudist_steps_total")
+        fam.add_metric(self.labels, count)
+        yield fam
+        report = self.skew
+        skew, straggler = family("npudist_step_skew_ratio"), family("npudist_straggler_rank")
+        if report is not None:
+            skew.add_metric(self.labels, report.skew)
+            straggler.add_metric(self.labels, report.straggler)
+        yield skew
+        yield straggler
+        fam = family("npudist_op_duration_seconds")
+        with self._lock:
+            ops = sorted(self._ops.items())
+        for op, hist in ops:
+            b, s, _ = hist.buckets()
+            fam.add_metric([*self.labels, op], b, s)
+        yield fam
+
+
+class StepTimer:
+    """Times training steps, as ``with timer:`` around a step or ``timer.step()`` at the end of each.
+
+    Every ``exchange_every`` steps all ranks all_gather their window mean (one tensor of 3 floats, so
+    every rank must use the same setting); rank 0 publishes the skew and straggler and logs a warning
+    when the skew exceeds ``skew_threshold``. Every ``op_every`` steps (0 = never) one step runs under
+    torch.profiler and its operator self times feed npudist_op_duration_seconds.
+    """
+
+    def __init__(self, metrics: TrainingMetrics | None = None, *, exchange_every: int = 20,
+                 skew_threshold: float = DEFAULT_THRESHOLD, op_every: int = 0, group: Any = None,
+                 vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
+                 device_type: str = "cpu", clock: Callable[[], float] = time.perf_counter) -> None:
+        if exchange_every < 0 or op_every < 0:
+            raise ValueError("exchange_every and op_every must be >= 0 (0 turns the feature off)")
+        if not skew_threshold > 0:
+            raise ValueError(f"skew_threshold must be positive, got {skew_threshold}")
+        self.metrics = metrics or TrainingMetrics()
+        self.exchange_every, self.op_every = exchange_every, op_every
+        self.threshold, self.group = skew_threshold, group
+        self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
+        self.steps_done = 0
+        self._window: list[float] = []
+        self._started: float | None = None
+        self._prof: Any = None
+        self.last_report: SkewReport | None = None
+
+    # context-manager form: the block is one step
+    def __enter__(self) -> StepTimer:
+        self._maybe_start_profiler(self.steps_done + 1)
+        self._started = self.clock()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self._end_step()
+        else:
+            self._stop_profiler(feed=False)
+        self._started = None
+
+    def step(self) -> float | None:
+        """Mark the end of a step (the first call only starts the clock); returns the step's seconds."""
+        if self._started is None:
+            self._started = self.clock()
+            self._maybe_start_profiler(self.steps_done + 1)
+            return None
+        seconds = self._end_step()
+        self._maybe_start_profiler(self.steps_done + 1)
+        self._started = self.clock()
+        return seconds
+
+    def _end_step(self) -> float:
+        if self.synchronize is not None:
+            self.synchronize()  # device work is asynchronous: wait for it, or the step time is launch time
+        seconds = self.clock() - (self._started or 0.0)
+        self._stop_profiler(feed=True)
+        self.steps_done += 1
+        self.metrics.steps.observe(seconds)
+        self._window.append(seconds)
+        if self.exchange_every and self.steps_done % self.exchange_every == 0:
+            self._exchange()
+        return seconds
+
+    def _maybe_start_profiler(self, next_step: int) -> None:
+        if self.op_every and next_step % self.op_every == 0 and self._prof is None:
+            try:
+                self._prof = opprof.start_profiler(self.device_type)
+            except Exception as exc:  # the profiler is optional telemetry: never break training over it
+                log.warning("operator timing disabled: torch.profiler failed to start: %s", exc)
+                self.op_every = 0
+
+    def _stop_profiler(self, feed: bool) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        try:
+            prof.__exit__(None, None, None)
+            if feed:
+                for op, seconds in opprof.op_durations(prof.events()):
+                    self.metrics.observe_op(op, seconds)
+        except Exception as exc:
+            log.warning("operator timing for step %d failed: %s", self.steps_done + 1, exc)
+
+    def _exchange(self) -> None:
+        window, self._window = self._window, []
+        mean = sum(window) / len(window)
+        temp, freq = self.vitals() if self.vitals is not None else (None, None)
+        row = [mean, math.nan if temp is None else temp, math.nan if freq is None else freq]
+        rows, rank = _all_gather_rows(row, self.group)
+        first = self.steps_done - len(window) + 1
+        report = skew_report(first, self.steps_done, rows)
+        self.last_report = report
+        if rank == 0:
+            self.metrics.skew = report
+            if report.skew > self.threshold:
+                log.warning("%s", describe(report, self.threshold))
+
+
+def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], int]:
+    """Every rank's row, by rank, with one small all_gather; this process alone when there is no group."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [row], 0
+    backend = str(dist.get_backend(group))
+    device = torch.device("cpu")
+    if backend != "gloo":  # NCCL/HCCL/CNCL gather device tensors
+        from npudist.dist import context
+
+        ctx = context()
+        if ctx is not None:
+            device = ctx.device
+    mine = torch.tensor(row, dtype=torch.float32, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [t.cpu().tolist() for t in out], dist.get_rank(group)

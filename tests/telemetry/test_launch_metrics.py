@@ -1,0 +1,113 @@
+import json
+import re
+import socket
+
+import pytest
+
+from npudist.accelerators import get
+from npudist.launch import LaunchError, plan
+from tests.conftest import run_npudist
+from tests.telemetry.exp_helpers import families, samples
+
+CPU = get("cpu")
+RANK_SCRIPT = '''
+import json, logging, os, sys, time, urllib.request
+import npudist, npudist.telemetry
+
+logging.basicConfig(level=logging.WARNING)
+ctx = npudist.init()
+tel = npudist.telemetry.serve_rank_metrics(ctx, device_source=None)
+timer = tel.step_timer(exchange_every=5)
+for _ in range(10):
+    with timer:
+        time.sleep(0.08 if ctx.rank == 1 else 0.02)  # rank 1 is the artificial straggler
+text = urllib.request.urlopen(tel.server.url, timeout=10).read().decode()
+with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as f:
+    json.dump({"port": tel.server.port, "local_rank": ctx.local_rank, "metrics": text}, f)
+tel.close()
+npudist.shutdown()
+'''
+
+
+def _doc(base: int) -> list:
+    return [{"targets": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], "labels": {"job": "npudist"}}]
+
+
+def _free_base() -> int:
+    """A base port whose next port is also free (ranks serve on base and base+1)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base < 65535:
+            with socket.socket() as s2:
+                try:
+                    s2.bind(("127.0.0.1", base + 1))
+                except OSError:
+                    continue
+            return base
+    raise RuntimeError("no two adjacent free ports")
+
+
+def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
+    base = _free_base()
+    p = plan(["--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
+              str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {})
+    assert p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
+    assert p.targets_file == str(tmp_path / "t.json")
+    assert p.targets == _doc(base)
+    assert "--metrics-port" not in p.torchrun_argv and "--targets-file" not in p.torchrun_argv
+    assert p.torchrun_argv[-3:] == ["train.py", "--steps", "3"]
+
+
+def test_plan_without_metrics_changes_nothing():
+    p = plan(["--nproc-per-node", "2", "train.py"], CPU, {})
+    assert p.env_updates == {} and p.targets_file is None
+
+
+def test_plan_refuses_bad_metrics_options():
+    with pytest.raises(LaunchError, match="add --metrics-port"):
+        plan(["--targets-file", "t.json", "train.py"], CPU, {})
+    with pytest.raises(LaunchError, match="65535 with 2 ranks"):
+        plan(["--nproc-per-node", "2", "--metrics-port", "65535", "train.py"], CPU, {})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"port\\(s\\) {port} on 127.0.0.1 already in use"):
+            plan(["--nproc-per-node", "1", "--metrics-port", str(port), "train.py"], CPU, {})
+
+
+def test_under_mpi_only_local_rank_zero_writes_targets(tmp_path):
+    base = _free_base()
+    argv = ["--mpi", "--metrics-port", str(base), "--targets-file", str(tmp_path / "t.json"), "train.py"]
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    p = plan(argv, CPU, env)
+    assert p.exec_env["NPUDIST_METRICS_PORT"] == str(base) and p.targets_file is None
+    p = plan(argv, CPU, {**env, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
+    assert p.targets == _doc(base)
+
+
+@pytest.mark.slow
+def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    base, targets = _free_base(), tmp_path / "sd" / "targets.json"
+    res = run_npudist(["launch", "--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
+                       str(targets), str(script), str(tmp_path)], timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(targets.read_text())
+    assert doc == _doc(base)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["local_rank"], r["port"]) for r in ranks] == [(0, base), (1, base + 1)]
+    fams0, fams1 = families(ranks[0]["metrics"]), families(ranks[1]["metrics"])
+    key0 = (("local_rank", "0"), ("node", socket.gethostname()), ("rank", "0"))
+    assert samples(fams0, "npudist_steps", "npudist_steps_total") == {key0: 10.0}
+    assert samples(fams0, "npudist_straggler_rank") == {key0: 1.0}
+    # means about 0.02 s and 0.08 s: std 0.03 / mean 0.05 = 0.6; scheduling noise only lowers it a little
+    assert samples(fams0, "npudist_step_skew_ratio")[key0] > 0.3
+    assert samples(fams1, "npudist_step_skew_ratio") == {}  # only rank 0 publishes
+    slow = re.search(r"rank 1 is slowest at (\d+\.\d+) s/step", res.stderr)
+    assert slow is not None, res.stderr[-2000:]
+    assert float(slow.group(1)) >= 0.08  # it sleeps 0.08 s per step

@@ -1,0 +1,120 @@
+import math
+import sys
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from npudist.telemetry.allocator import AllocatorCollector, fragmentation
+from npudist.telemetry.collectives import CommCollector, histogram_buckets
+from npudist.telemetry.health import CollectorHealth
+from tests.telemetry.exp_helpers import families, samples
+
+RANK = ["1", "1", "n1"]
+KEY = (("local_rank", "1"), ("node", "n1"), ("rank", "1"))
+
+
+def _text(*collectors) -> dict:
+    reg = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        reg.register(c)
+    return families(generate_latest(reg).decode())
+
+
+def test_allocator_values_and_fragmentation():
+    health = CollectorHealth()
+    stats = {"allocated_bytes": 3 << 30, "reserved_bytes": 4 << 30}
+    fams = _text(AllocatorCollector(lambda: stats, health, RANK))
+    assert samples(fams, "npudist_allocator_allocated_bytes") == {KEY: 3 * 2**30}
+    assert samples(fams, "npudist_allocator_reserved_bytes") == {KEY: 4 * 2**30}
+    assert samples(fams, "npudist_allocator_fragmentation_ratio") == {KEY: 0.25}  # 1 - 3/4
+
+
+def test_allocator_with_nothing_reserved_has_no_ratio_and_cpu_has_no_samples():
+    stats = {"allocated_bytes": 0, "reserved_bytes": 0}
+    fams = _text(AllocatorCollector(lambda: stats, CollectorHealth(), RANK))
+    assert samples(fams, "npudist_allocator_reserved_bytes") == {KEY: 0.0}
+    assert samples(fams, "npudist_allocator_fragmentation_ratio") == {}
+    fams = _text(AllocatorCollector(dict, CollectorHealth(), RANK))
+    assert samples(fams, "npudist_allocator_allocated_bytes") == {}
+    assert fragmentation(5, 0) is None and fragmentation(1, 4) == 0.75
+
+
+def test_allocator_failure_is_counted_not_raised():
+    health = CollectorHealth()
+
+    def broken():
+        raise RuntimeError("device lost")
+
+    fams = _text(AllocatorCollector(broken, health, RANK))
+    assert samples(fams, "npudist_allocator_allocated_bytes") == {}
+    assert health.errors("allocator") == {"error": 1}
+
+
+# Mirrors the snapshot npudist.comm.stats() returns (the collectives issue), written out by hand.
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class OpStats:
+    op: str
+    backend: str
+    calls: int
+    bytes: int
+    duration_sum_seconds: float
+    duration_count: int
+    duration_buckets: tuple
+    inflight: int
+    adaptations: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommStats:
+    ops: tuple
+
+
+ALL_REDUCE = OpStats("all_reduce", "gloo", 200, 200 * 4096, 0.06, 200,
+                     ((1e-4, 10), (5e-4, 150), (1e-3, 195), (INF, 200)), 2, {"cast": 3, "stage": 200})
+
+
+def test_comm_collector_exports_the_snapshot():
+    fams = _text(CommCollector(CollectorHealth(), RANK, stats=lambda: CommStats((ALL_REDUCE,))))
+    key = (*KEY[:2], ("op", "all_reduce"), KEY[2], ("backend", "gloo"))
+    key = tuple(sorted(key))
+    assert samples(fams, "npudist_collective_calls", "npudist_collective_calls_total") == {key: 200.0}
+    assert samples(fams, "npudist_collective_bytes", "npudist_collective_bytes_total") == {key: 819200.0}
+    assert samples(fams, "npudist_collective_inflight") == {key: 2.0}
+    h = fams["npudist_collective_duration_seconds"]
+    buckets = {s.labels["le"]: s.value for s in h.samples if s.name.endswith("_bucket")}
+    assert buckets == {"0.0001": 10.0, "0.0005": 150.0, "0.001": 195.0, "+Inf": 200.0}
+    assert [s.value for s in h.samples if s.name.endswith("_count")] == [200.0]
+    assert [s.value for s in h.samples if s.name.endswith("_sum")] == [0.06]
+    kinds = {dict(k)["kind"]: v for k, v in samples(fams, "npudist_collective_adaptations",
+                                                     "npudist_collective_adaptations_total").items()}
+    assert kinds == {"cast": 3.0, "stage": 200.0}
+
+
+def test_comm_collector_skips_malformed_ops_and_counts_them():
+    health = CollectorHealth()
+    not_cumulative = OpStats("broadcast", "gloo", 2, 8, 0.1, 2, ((0.1, 2), (INF, 1)), 0)
+    no_inf = OpStats("barrier", "gloo", 1, 0, 0.1, 1, ((0.1, 1),), 0)
+    fams = _text(CommCollector(health, RANK, stats=lambda: CommStats((not_cumulative, ALL_REDUCE, no_inf))))
+    ops = {dict(k)["op"] for k in samples(fams, "npudist_collective_calls", "npudist_collective_calls_total")}
+    assert ops == {"all_reduce"}
+    assert health.errors("comm") == {"parse": 2}
+
+
+def test_comm_collector_without_npudist_comm_yields_nothing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "npudist.comm", None)  # import of npudist.comm now fails
+    fams = _text(CommCollector(CollectorHealth(), RANK))
+    assert not any(name.startswith("npudist_collective") for name in fams)
+
+
+def test_histogram_buckets_rejects_bad_shapes():
+    assert histogram_buckets(((0.5, 1), (INF, 1))) == [("0.5", 1.0), ("+Inf", 1.0)]
+    for bad in ((), ((1.0, 1),), ((1.0, 3), (0.5, 4), (INF, 4))):
+        try:
+            histogram_buckets(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} accepted")
+    assert math.isinf(INF)
