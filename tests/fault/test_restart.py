@@ -123,3 +123,25 @@ def test_elastic_job_survives_a_node_leaving(tmp_path):
     assert agents[owner].returncode == 0, output[-4000:]
     assert re.search(r"^step=\d+ .*world=1 ", rest, re.MULTILINE), rest[-3000:]  # continued alone
     assert RESUMED.search(rest) and f"final step={steps} " in output
+
+
+def test_a_rank_that_skips_a_collective_is_named_and_nothing_is_left_running(tmp_path):
+    start = time.monotonic()
+    done = run_npudist(["launch", "--nproc-per-node", "3", str(REPO / "tests/fault/skip_probe.py"), str(tmp_path)],
+                       env=child_env({"NPUDIST_TIMEOUT": "4"}), timeout=120)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert elapsed < 60  # the 4 s collective timeout ended it, not rank 2's 120 s sleep
+    text = done.stdout + done.stderr
+    assert "CollectiveHangError" in text and "all_reduce #5" in text
+    assert "rank(s) 2 never reached it" in text and "rank 2: last all_reduce #4 (done" in text
+    reports = sorted(tmp_path.glob("hang-rank*.json"))
+    assert reports, text[-3000:]
+    import json
+
+    report = json.loads(reports[0].read_text())
+    assert (report["op"], report["seq"], report["not_reached"]) == ("all_reduce", 5, [2])
+    assert report["reached"] == [0, 1] and report["ranks"]["2"]["seq"] == 4
+    time.sleep(1)
+    leftover = [p for p in psutil.process_iter(["cmdline"]) if "skip_probe.py" in " ".join(p.info["cmdline"] or [])]
+    assert leftover == []

@@ -1,0 +1,240 @@
+"""Hang diagnosis: which rank stopped before which collective.
+
+Every npudist collective takes a per-rank sequence number. The calling thread only updates a small
+record (op, sequence number, bytes, state); a daemon thread publishes it to the c10d store of the
+job every ``interval`` seconds when it changed, so the hot path pays no network round trip. When a
+collective fails (a timeout, a peer gone), the failing rank reads every rank's record and raises
+CollectiveHangError naming the op, its sequence number and the ranks that had and had not reached
+it, and writes the same as JSON into the run directory (``NPUDIST_RUN_DIR`` or set_run_dir()).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+log = logging.getLogger("npudist.comm")
+RUN_DIR_VAR = "NPUDIST_RUN_DIR"
+PUBLISH_INTERVAL_S = 0.5
+
+
+class CollectiveHangError(RuntimeError):
+    """A collective did not complete; the message names the ranks that never reached it."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class Record:
+    rank: int
+    seq: int = 0
+    op: str = ""
+    nbytes: int = 0
+    state: str = "idle"
+    """entered (waiting inside the collective) or done."""
+    wall_time: float = 0.0
+
+
+def _key(rank: int) -> str:
+    # A restarted job (torchrun --max-restarts) must not read records of the previous attempt.
+    return f"npudist/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+
+
+def reached(records: dict[int, Record | None], seq: int) -> tuple[list[int], list[int]]:
+    """Ranks whose record shows they entered collective ``seq`` (or a later one), and the rest."""
+    got = sorted(r for r, rec in records.items() if rec is not None and rec.seq >= seq)
+    return got, sorted(r for r in records if r not in got)
+
+
+def describe(op: str, seq: int, nbytes: int, rank: int, records: dict[int, Record | None], cause: str) -> str:
+    ok, missing = reached(records, seq)
+    now = time.time()
+    last = []
+    for r in missing:
+        rec = records.get(r)
+        last.append(f"rank {r}: never reported" if rec is None or rec.seq == 0 else
+                    f"rank {r}: last {rec.op} #{rec.seq} ({rec.state}, {now - rec.wall_time:.1f} s ago)")
+    who = (f"rank(s) {', '.join(map(str, missing))} never reached it ({'; '.join(last)})" if missing
+           else "every rank reached it (a slow link or a peer that died inside it)")
+    return (f"{op} #{seq} ({nbytes} bytes) failed on rank {rank}: {cause}. Ranks {', '.join(map(str, ok))} "
+            f"reached it; {who}. Check the missing ranks' logs, hosts and devices first.")
+
+
+class Watchdog:
+    def __init__(self) -> None:
+        self.record: Record | None = None
+        self._dirty = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: Any = None
+        self._lock = threading.Lock()
+        self.run_dir: str | None = os.environ.get(RUN_DIR_VAR) or None
+
+    def _ensure(self) -> Record | None:
+        if self.record is None:
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return None
+            self.record = Record(rank=dist.get_rank())
+            self._thread = threading.Thread(target=self._publish_loop, name="npudist-watchdog", daemon=True)
+            self._thread.start()
+        return self.record
+
+    def enter(self, op: str, nbytes: int) -> int:
+        rec = self._ensure()
+        if rec is None:
+            return 0
+        rec.seq += 1
+        rec.op, rec.nbytes, rec.state, rec.wall_time = op, nbytes, "entered", time.time()
+        self._dirty.set()
+        return rec.seq
+
+    def done(self, seq: int) -> None:
+        rec = self.record
+        if rec is not None and rec.seq == seq:
+            rec.state, rec.wall_time = "done", time.time()
+            self._dirty.set()
+
+    def _connect(self) -> Any:
+        if self._store is None:
+            addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+            if not addr or not port:
+                return None
+            # Our own client connection: the process group's store is not shared with another thread.
+            self._store = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=10),
+                                        wait_for_workers=False)
+        return self._store
+
+    def _publish(self) -> None:
+        rec = self.record
+        store = self._connect()
+        if rec is None or store is None:
+            return
+        with self._lock:
+            store.set(_key(rec.rank), json.dumps(asdict(rec)))
+
+    def _publish_loop(self) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            try:
+                self._publish()
+            except Exception as exc:  # the watchdog must never take the job down
+                log.debug("watchdog publish failed: %s", exc)
+            time.sleep(PUBLISH_INTERVAL_S)
+
+    def records(self) -> dict[int, Record | None]:
+        store = self._connect()
+        out: dict[int, Record | None] = {}
+        for r in range(dist.get_world_size()):
+            try:
+                with self._lock:
+                    present = store is not None and store.check([_key(r)])
+                    raw = store.get(_key(r)) if present else None
+                out[r] = Record(**json.loads(raw)) if raw else None
+            except Exception:
+                out[r] = None
+        return out
+
+    def diagnose(self, op: str, seq: int, nbytes: int, exc: BaseException) -> CollectiveHangError | None:
+        rec = self.record
+        if rec is None or seq == 0:
+            return None
+        try:
+            self._publish()  # others must see that this rank reached it, even if the thread is asleep
+            time.sleep(PUBLISH_INTERVAL_S * 2)  # and give theirs time to arrive
+            records = self.records()
+        except Exception as store_exc:
+            log.warning("hang diagnosis could not read the store: %s", store_exc)
+            return None
+        records[rec.rank] = rec
+        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        message = describe(op, seq, nbytes, rec.rank, records, cause)
+        ok, missing = reached(records, seq)
+        report = {"op": op, "seq": seq, "bytes": nbytes, "rank": rec.rank, "cause": cause, "reached": ok,
+                  "not_reached": missing, "ranks": {str(r): (asdict(v) if v else None) for r, v in records.items()},
+                  "time": time.time()}
+        if self.run_dir:
+            try:
+                path = Path(self.run_dir) / f"hang-rank{rec.rank}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(report, indent=1))
+                message += f" Report: {path}"
+            except OSError as write_exc:
+                message += f" (could not write the report: {write_exc})"
+        return CollectiveHangError(message, report)
+
+
+WATCHDOG = Watchdog()
+
+
+def set_run_dir(path: str | os.PathLike | None) -> None:
+    """Where hang reports are written (default: NPUDIST_RUN_DIR)."""
+    WATCHDOG.run_dir = str(path) if path else None
+
+
+class _WatchedHandle:
+    """An async collective's handle whose wait() also reports completion or diagnoses a hang."""
+
+    def __init__(self, inner: Any, op: str, seq: int, nbytes: int) -> None:
+        self._inner, self._op, self._seq, self._nbytes = inner, op, seq, nbytes
+
+    @property
+    def result(self) -> Any:
+        return self._inner.result
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            out = self._inner.wait(timeout) if timeout is not None else self._inner.wait()
+        except (RuntimeError, dist.DistError) as exc:
+            err = WATCHDOG.diagnose(self._op, self._seq, self._nbytes, exc)
+            if err is None:
+                raise
+            raise err from exc
+        WATCHDOG.done(self._seq)
+        return out
+
+
+def _nbytes(args: tuple, kwargs: dict) -> int:
+    first = args[0] if args else kwargs.get("t", kwargs.get("tensors"))
+    if isinstance(first, list | tuple):
+        return sum(t.numel() * t.element_size() for t in first)
+    return first.numel() * first.element_size() if hasattr(first, "numel") else 0
+
+
+def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its calls numbered and recorded, and failures turned into CollectiveHangError."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nbytes = _nbytes(args, kwargs)
+        seq = WATCHDOG.enter(op, nbytes)
+        try:
+            out = fn(*args, **kwargs)
+        except (RuntimeError, dist.DistError) as exc:
+            if isinstance(exc, CollectiveHangError):
+                raise
+            err = WATCHDOG.diagnose(op, seq, nbytes, exc)
+            if err is None:
+                raise
+            raise err from exc
+        if kwargs.get("async_op") and hasattr(out, "wait"):
+            return _WatchedHandle(out, op, seq, nbytes)
+        WATCHDOG.done(seq)
+        return out
+
+    return call
