@@ -32,6 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default=None, help="checkpoints go here; the run resumes from them")
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (with --run-dir)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--straggler-diagnosis", type=int, default=0, metavar="WINDOWS",
+                   help="with --run-dir: write a straggler diagnosis after this many skewed windows in a row")
+    p.add_argument("--slow-rank", type=int, default=-1, help="testing: this rank sleeps --slow-ms per step")
+    p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--exchange-every", type=int, default=20, help="steps between cross-rank skew exchanges")
     p.add_argument("--global-batch-size", type=int, default=32, help="sequences per step over all ranks")
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--vocab", type=int, default=64)
@@ -45,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-telemetry", action="store_true",
                    help="no step timer, skew exchange, op sampling or metrics server (overhead baseline)")
     args = p.parse_args(argv)
-    for name in ("steps", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab", "d_model", "layers",
-                 "log_every"):
+    for name in ("steps", "exchange_every", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab",
+                 "d_model", "layers", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -129,13 +134,25 @@ def main(argv: list[str] | None = None) -> None:
     per_rank = args.global_batch_size // ctx.world_size
     torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
     model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation).to(ctx.device)
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None)
+    # broadcast_buffers=False: the only buffer is the constant causal mask, and a per-step buffer
+    # broadcast would be a hidden collective where fast ranks wait for slow ones.
+    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None, broadcast_buffers=False)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0
     # Metrics on NPUDIST_METRICS_PORT + local rank when set; skew exchange every 20 steps, ops every 100.
     telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
-    end_step = telemetry.step_timer(exchange_every=20, op_every=100).step if telemetry else (lambda: None)
+    on_skew = None
+    if args.straggler_diagnosis and args.run_dir:
+        from npudist.telemetry.straggler import StragglerDiagnosis
+
+        on_skew = StragglerDiagnosis(args.run_dir, windows=args.straggler_diagnosis)
+        npudist.comm.set_run_dir(args.run_dir)
+    end_step = lambda: None  # noqa: E731
+    if telemetry is not None:
+        timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100, on_skew=on_skew)
+        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time spent waiting for others
+        end_step = timer.step
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
@@ -146,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if ctx.rank == args.slow_rank:
+                time.sleep(args.slow_ms / 1000)
             end_step()
             window_samples += args.global_batch_size
             if step == 1 or step % args.log_every == 0 or step == args.steps:

@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 log = logging.getLogger("npudist.comm")
@@ -201,6 +202,8 @@ class _WatchedHandle:
         try:
             out = self._inner.wait(timeout) if timeout is not None else self._inner.wait()
         except (RuntimeError, dist.DistError) as exc:
+            if not _communication_failure(exc):
+                raise
             err = WATCHDOG.diagnose(self._op, self._seq, self._nbytes, exc)
             if err is None:
                 raise
@@ -209,11 +212,22 @@ class _WatchedHandle:
         return out
 
 
+def _size(t: object) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
 def _nbytes(args: tuple, kwargs: dict) -> int:
+    """Payload bytes, for the record only: bad arguments are the collective's to reject, not ours."""
     first = args[0] if args else kwargs.get("t", kwargs.get("tensors"))
     if isinstance(first, list | tuple):
-        return sum(t.numel() * t.element_size() for t in first)
-    return first.numel() * first.element_size() if hasattr(first, "numel") else 0
+        return sum(_size(t) for t in first)
+    return _size(first)
+
+
+def _communication_failure(exc: BaseException) -> bool:
+    """Timeouts and lost peers come as torch's DistError or a plain RuntimeError from the backend; our
+    own errors (MismatchError, TypeError, ValueError) already say what is wrong and pass through."""
+    return isinstance(exc, dist.DistError) or type(exc) is RuntimeError
 
 
 def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -226,7 +240,7 @@ def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             out = fn(*args, **kwargs)
         except (RuntimeError, dist.DistError) as exc:
-            if isinstance(exc, CollectiveHangError):
+            if not _communication_failure(exc):
                 raise
             err = WATCHDOG.diagnose(op, seq, nbytes, exc)
             if err is None:

@@ -2,7 +2,7 @@
 
 from npudist.telemetry.rank import RankTelemetry, serve_rank_metrics
 from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
-from npudist.telemetry.training import StepTimer, TrainingMetrics
+from npudist.telemetry.training import StepTimer, TrainingMetrics, watch_ddp
 
 __all__ = [
     "DeviceReading",
@@ -14,4 +14,5 @@ __all__ = [
     "StepTimer",
     "TrainingMetrics",
     "serve_rank_metrics",
+    "watch_ddp",
 ]

@@ -39,14 +39,14 @@ class RankTelemetry:
     synchronize: Callable[[], None] | None = None
     """Waits for this rank's device (None on CPU), so step times include the device's work."""
 
-    def vitals(self) -> tuple[float | None, float | None]:
-        """This rank's device temperature and frequency from the last device read, for skew warnings."""
+    def vitals(self) -> tuple[float | None, float | None, float | None]:
+        """This rank's device temperature, frequency and utilization from the last device read."""
         if self.poller is None:
-            return None, None
+            return None, None, None
         reading = local_reading(self.poller.snapshot().readings, self.local_rank)
         if reading is None:
-            return None, None
-        return reading.temperature_celsius, reading.frequency_hertz
+            return None, None, None
+        return reading.temperature_celsius, reading.frequency_hertz, reading.utilization_ratio
 
     def step_timer(self, **kwargs: Any) -> StepTimer:
         """A StepTimer recording into this rank's metrics (keywords as StepTimer's)."""

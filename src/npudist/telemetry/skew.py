@@ -22,6 +22,8 @@ class SkewReport:
     """Population standard deviation / mean of ``means`` (0 when the mean is 0)."""
     straggler: int
     """Rank with the longest mean step time (lowest rank on ties)."""
+    utilizations: tuple[float | None, ...] = ()
+    """Device utilization ratio of each rank, where the rows carried a fourth column."""
 
 
 def _known(v: float) -> float | None:
@@ -29,15 +31,16 @@ def _known(v: float) -> float | None:
 
 
 def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]) -> SkewReport:
-    """Build a report from one (mean_s, temperature_c, frequency_hz) row per rank; NaN = unknown."""
+    """Build a report from one (mean_s, temperature_c, frequency_hz[, utilization]) row per rank; NaN = unknown."""
     if not rows:
         raise ValueError("skew needs at least one rank's window mean")
     means = tuple(float(r[0]) for r in rows)
     avg = statistics.fmean(means)
     std = statistics.pstdev(means)  # exact arithmetic: equal ranks give exactly 0
     straggler = max(range(len(means)), key=lambda i: (means[i], -i))
+    utils = tuple(_known(r[3]) if len(r) > 3 else None for r in rows)
     return SkewReport(first_step, last_step, means, tuple(_known(r[1]) for r in rows),
-                      tuple(_known(r[2]) for r in rows), std / avg if avg > 0 else 0.0, straggler)
+                      tuple(_known(r[2]) for r in rows), std / avg if avg > 0 else 0.0, straggler, utils)
 
 
 def describe(report: SkewReport, threshold: float) -> str:

@@ -18,7 +18,8 @@ from npudist.telemetry.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew
 
 log = logging.getLogger("npudist.telemetry")
 
-Vitals = Callable[[], tuple[float | None, float | None]]
+Vitals = Callable[[], tuple[float | None, ...]]
+"""(temperature_c, frequency_hz[, utilization_ratio]) of this rank's device; None = unknown."""
 """Returns this rank's device (temperature_celsius, frequency_hertz), None where unknown."""
 
 
@@ -75,7 +76,8 @@ class StepTimer:
     def __init__(self, metrics: TrainingMetrics | None = None, *, exchange_every: int = 20,
                  skew_threshold: float = DEFAULT_THRESHOLD, op_every: int = 0, group: Any = None,
                  vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
-                 device_type: str = "cpu", clock: Callable[[], float] = time.perf_counter) -> None:
+                 device_type: str = "cpu", clock: Callable[[], float] = time.perf_counter,
+                 on_skew: Callable[[SkewReport], None] | None = None) -> None:
         if exchange_every < 0 or op_every < 0:
             raise ValueError("exchange_every and op_every must be >= 0 (0 turns the feature off)")
         if not skew_threshold > 0:
@@ -84,8 +86,11 @@ class StepTimer:
         self.exchange_every, self.op_every = exchange_every, op_every
         self.threshold, self.group = skew_threshold, group
         self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
+        self.on_skew = on_skew
+        """Called on rank 0 with every exchange's report (straggler diagnosis, run logs)."""
         self.steps_done = 0
         self._window: list[float] = []
+        self._waited = 0.0
         self._started: float | None = None
         self._prof: Any = None
         self.last_report: SkewReport | None = None
@@ -121,10 +126,18 @@ class StepTimer:
         self._stop_profiler(feed=True)
         self.steps_done += 1
         self.metrics.steps.observe(seconds)
-        self._window.append(seconds)
+        # Skew compares the time each rank spent *working*: in synchronous data parallelism the fast
+        # ranks spend the difference waiting in collectives, so their wall step times equal the slow one's.
+        self._window.append(max(0.0, seconds - self._waited))
+        self._waited = 0.0
         if self.exchange_every and self.steps_done % self.exchange_every == 0:
             self._exchange()
         return seconds
+
+    def add_wait(self, seconds: float) -> None:
+        """Time this step spent blocked in a collective (see watch_ddp); excluded from skew, not from
+        npudist_step_duration_seconds."""
+        self._waited += seconds
 
     def _maybe_start_profiler(self, next_step: int) -> None:
         if self.op_every and next_step % self.op_every == 0 and self._prof is None:
@@ -149,8 +162,9 @@ class StepTimer:
     def _exchange(self) -> None:
         window, self._window = self._window, []
         mean = sum(window) / len(window)
-        temp, freq = self.vitals() if self.vitals is not None else (None, None)
-        row = [mean, math.nan if temp is None else temp, math.nan if freq is None else freq]
+        vitals = tuple(self.vitals()) if self.vitals is not None else ()
+        vitals += (None,) * (3 - len(vitals))
+        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3])]
         rows, rank = _all_gather_rows(row, self.group)
         first = self.steps_done - len(window) + 1
         report = skew_report(first, self.steps_done, rows)
@@ -159,6 +173,11 @@ class StepTimer:
             self.metrics.skew = report
             if report.skew > self.threshold:
                 log.warning("%s", describe(report, self.threshold))
+            if self.on_skew is not None:
+                try:
+                    self.on_skew(report)
+                except Exception as exc:  # a diagnosis hook must never stop training
+                    log.warning("skew hook failed: %s", exc)
 
 
 def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], int]:
@@ -180,3 +199,27 @@ def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], i
     out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, mine, group=group)
     return [t.cpu().tolist() for t in out], dist.get_rank(group)
+
+
+def watch_ddp(ddp: Any, timer: StepTimer) -> None:
+    """Time DDP's gradient all-reduces and report them to ``timer`` as waiting, so skew finds the slow rank.
+
+    Registers a comm hook that does what DDP's default hook does (divide by the world size, then
+    all_reduce: the same numbers as without the hook) and measures each bucket from launch to
+    completion: long on the ranks that wait for a straggler, short on the straggler itself.
+    """
+    import torch.distributed as dist
+
+    def hook(state, bucket):  # DDP checks these annotations: they must stay empty
+        started = time.perf_counter()
+        group = state if state is not None else dist.group.WORLD
+        tensor = bucket.buffer().div_(dist.get_world_size(group))
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def done(f: Any) -> Any:
+            timer.add_wait(time.perf_counter() - started)
+            return f.value()[0]
+
+        return fut.then(done)
+
+    ddp.register_comm_hook(None, hook)
