@@ -141,7 +141,7 @@ ALERTS: tuple[Alert, ...] = (
           "Collector {{ $labels.collector }} on {{ $labels.instance }} fails with {{ $labels.reason }} "
           "for 5 minutes."),
     Alert("NpudistTrainingStalled",
-          f"increase(npudist_steps_total[5m]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "1m", "P1",
+          f"increase(npudist_steps_total[{WINDOW}]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "5m", "P1",
           "Training stalled: no step for 5 minutes while the job is up",
           f"{_WHERE} finished no step in 5 minutes but its exporter answers: a hang (collective, data "
           "loader, I/O)."),
