@@ -1,7 +1,8 @@
 """A 2-rank training for the Prometheus integration test: every rank metric gets samples.
 
-Runs until the file argv[1] exists (or 150 s; the ranks agree on when through an all_reduce, so none is
-left waiting in a collective). Rank 1 sleeps 0.3 s per step more than rank 0: the straggler. CPU keeps no allocator statistics, so the ranks report a fixed caching-allocator state
+Runs until the file argv[1] exists (or 150 s; the ranks agree on when through an all_reduce, so
+none is left waiting in a collective). Rank 1 sleeps 0.3 s per step more than rank 0: the straggler.
+CPU keeps no allocator statistics, so the ranks report a fixed caching-allocator state
 (64 MiB reserved; 56 MiB allocated on rank 0, 40 MiB on rank 1: fragmentation 0.125 and 0.375).
 """
 

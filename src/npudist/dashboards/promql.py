@@ -69,11 +69,7 @@ def metric_names(expr: str) -> set[str]:
     named = set(re.findall(r'__name__\s*=\s*"([^"]+)"', _MATCHERS.sub(lambda m: m.group(0), expr)))
     text = _MATCHERS.sub("{}", text)
     text = _RANGE.sub("[]", text)
-    while True:
-        shorter = _LABEL_LIST.sub(r"\1", text)
-        if shorter == text:
-            break
-        text = shorter
+    text = _LABEL_LIST.sub(r"\1", text)  # one pass: a second would eat `by (metric)` left behind
     names = set(named)
     for m in _IDENT.finditer(text):
         word, call = m.group(1), m.group(2)
