@@ -63,3 +63,13 @@ def test_cli_export_then_check(tmp_path):
     assert "0 problem(s)" in res.stdout
     res = run_npudist(["dashboards", "check", str(tmp_path / "nope")], timeout=60)
     assert res.returncode == 2 and "npudist dashboards export --out" in res.stderr
+
+
+def test_every_alert_has_a_runbook_section_and_a_severity():
+    from npudist.dashboards import ALERTS
+    from tests.conftest import REPO
+
+    headings = {line[3:].strip().lower() for line in (REPO / "docs" / "runbook.md").read_text().splitlines()
+                if line.startswith("## ")}
+    assert {a.anchor for a in ALERTS} == headings
+    assert {a.severity for a in ALERTS} == {"P1", "P2", "P3"}
