@@ -87,6 +87,15 @@ def _add_bench() -> None:
 _add_bench()
 
 
+def _add_dashboards() -> None:
+    from npudist.dashboards.cli import app as dashboards_app
+
+    app.add_typer(dashboards_app, name="dashboards", help="Grafana dashboards and Prometheus rules: export, check.")
+
+
+_add_dashboards()
+
+
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
 def exporter(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),

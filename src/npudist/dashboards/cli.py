@@ -1,0 +1,52 @@
+"""``npudist dashboards export|check``: the typer group cli.py registers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(no_args_is_help=True, help="Grafana dashboards and Prometheus rules for npudist metrics.")
+err = Console(stderr=True)
+
+
+@app.command("export", help="Write grafana/*.json, prometheus/{rules,prometheus}.yml and Grafana provisioning.")
+def export_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Folder to write into (created).")],
+    targets_file: str = typer.Option("/etc/prometheus/sd/npudist.json",
+                                     help="The file `npudist launch --targets-file` writes."),
+    node_target: Annotated[list[str] | None, typer.Option(
+        help="`npudist exporter` HOST:PORT (repeatable; default 127.0.0.1:9400).")] = None,
+    scrape_interval: str = typer.Option("15s", help="Prometheus scrape and rule evaluation interval."),
+    prometheus_url: str = typer.Option("http://prometheus:9090", help="How Grafana reaches Prometheus."),
+) -> None:
+    from npudist.dashboards.export import ExportOptions, export
+
+    opts = ExportOptions(targets_file=targets_file, node_targets=tuple(node_target or ["127.0.0.1:9400"]),
+                         scrape_interval=scrape_interval, prometheus_url=prometheus_url)
+    try:
+        written = export(out, opts)
+    except OSError as exc:
+        err.print(f"[bold red]npudist dashboards export:[/] cannot write under {out}: {exc}")
+        raise typer.Exit(2) from None
+    for path in written:
+        typer.echo(str(path))
+
+
+@app.command("check", help="Validate an exported folder: JSON structure, PromQL, metric names. Exit 1 on problems.")
+def check_cmd(folder: Annotated[Path, typer.Argument(help="Folder written by `npudist dashboards export`.")]) -> None:
+    from npudist.dashboards.check import check_dir
+
+    if not folder.is_dir():
+        err.print(f"[bold red]npudist dashboards check:[/] {folder} is not a folder; "
+                  f"run `npudist dashboards export --out {folder}` first")
+        raise typer.Exit(2)
+    res = check_dir(folder)
+    for note in res.notes:
+        err.print(f"[yellow]note:[/] {note}")
+    for problem in res.problems:
+        err.print(f"[bold red]problem:[/] {problem}")
+    typer.echo(f"{folder}: {res.queries} dashboard queries, {len(res.problems)} problem(s)")
+    raise typer.Exit(1 if res.problems else 0)

@@ -1,0 +1,177 @@
+"""The five npudist dashboards as data: panels, their queries and units; grafana.py renders the JSON.
+
+Every query selects with ``$job`` and ``$node`` (Grafana variables) and uses only metrics from
+``npudist.telemetry.catalogue`` or recording rules from ``rules.py``; ``npudist dashboards check`` and the
+tests enforce both. Units are Grafana unit ids (``watt``, ``bytes``, ``celsius``, ``percentunit``, ``s``,
+``Bps``, ``hertz``, ``ops``): the metrics are in base units, so no query rescales anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GRAFANA_UNITS = frozenset({"watt", "bytes", "celsius", "percentunit", "s", "Bps", "hertz", "ops", "short",
+                           "none"})
+PANEL_TYPES = frozenset({"timeseries", "stat", "table"})
+
+SEL = 'job=~"$job", node=~"$node"'
+"""Label matchers every rank or device query carries."""
+RATE = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    queries: tuple[Query, ...]
+    type: str = "timeseries"
+    description: str = ""
+    width: int = 12
+    """Grid columns out of 24."""
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A query variable: label values of ``label`` on ``metric``; multi-select with All."""
+    name: str
+    metric: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    panels: tuple[Panel, ...]
+    variables: tuple[Variable, ...] = field(default=())
+    tags: tuple[str, ...] = ("npudist",)
+
+
+def _q(expr: str, legend: str = "") -> Query:
+    return Query(expr, legend)
+
+
+def _dev(metric: str) -> str:
+    return f"{metric}{{{SEL}}}"
+
+
+_DEVICE_LEGEND = "{{node}} {{vendor}} {{device}}/{{chip}}"
+
+DEVICES = Dashboard(
+    "npudist-devices", "npudist / Devices",
+    "Per-device readings from `npudist exporter` for every vendor (npu-smi, rknpu, NVML, cpu).",
+    (
+        Panel("Utilization", "percentunit", (_q(_dev("npudist_device_utilization_ratio"), _DEVICE_LEGEND),)),
+        Panel("Power", "watt", (_q(_dev("npudist_device_power_watts"), _DEVICE_LEGEND),)),
+        Panel("Temperature", "celsius", (_q(_dev("npudist_device_temperature_celsius"), _DEVICE_LEGEND),)),
+        Panel("Memory used / total", "bytes", (
+            _q(_dev("npudist_device_memory_used_bytes"), "used " + _DEVICE_LEGEND),
+            _q(_dev("npudist_device_memory_total_bytes"), "total " + _DEVICE_LEGEND))),
+        Panel("Frequency", "hertz", (_q(_dev("npudist_device_frequency_hertz"), _DEVICE_LEGEND),)),
+        Panel("Health", "none", (_q(f"max by (node, vendor, device, chip, model, health) "
+                                    f"(npudist_device_info{{{SEL}}})", ""),), type="table",
+              description="One row per device; the health column is what the vendor tool prints."),
+        Panel("Device up", "none", (_q(_dev("npudist_device_up"), _DEVICE_LEGEND),),
+              description="0 when the exporter's latest read failed or is stale."),
+        Panel("Collector errors/s", "ops", (
+            _q(f"sum by (job, instance, collector, reason) (rate(npudist_collector_errors_total{{job=~\"$job\"}}"
+               f"[{RATE}]))", "{{instance}} {{collector}} {{reason}}"),),
+              description="Failed device reads by reason (timeout, exit_code, parse, missing, error)."),
+    ),
+    (Variable("job", "npudist_device_up", "job"), Variable("node", "npudist_device_up", "node")),
+)
+
+_OP_LEGEND = "{{op}} ({{backend}})"
+
+COMMUNICATION = Dashboard(
+    "npudist-communication", "npudist / Communication health",
+    "Collectives issued through npudist.comm: rate, latency, bandwidth, backlog and adaptations.",
+    (
+        Panel("Collective calls/s", "ops", (_q(f"sum by (op, backend) (rate(npudist_collective_calls_total{{{SEL}}}"
+                                                f"[{RATE}]))", _OP_LEGEND),)),
+        Panel("Duration p50 / p99", "s", (
+            _q(f"npudist:collective_duration_seconds:p50{{{SEL}}}", "p50 " + _OP_LEGEND),
+            _q(f"npudist:collective_duration_seconds:p99{{{SEL}}}", "p99 " + _OP_LEGEND))),
+        Panel("Payload bytes/s", "Bps", (_q(f"sum by (op, backend) (rate(npudist_collective_bytes_total{{{SEL}}}"
+                                            f"[{RATE}]))", _OP_LEGEND),)),
+        Panel("Bus bandwidth", "Bps", (_q('npudist:collective_busbw_bytes_per_second{job=~"$job"}', _OP_LEGEND),),
+              description="Bytes per second of collective time times the nccl-tests bus factor "
+                          "(all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1)."),
+        Panel("In-flight collectives (backlog)", "short", (
+            _q(f"sum by (rank) (npudist_collective_inflight{{{SEL}}})", "rank {{rank}}"),),
+              description="Async handles issued and not yet waited; alerts at > 8 (5 min) and > 10 (2 min)."),
+        Panel("Adaptations/s by kind", "ops", (
+            _q(f"sum by (kind, op) (rate(npudist_collective_adaptations_total{{{SEL}}}[{RATE}]))",
+               "{{kind}} {{op}}"),),
+              description="Copies made so a backend accepts the tensor (cast, contiguous, pad, align, stage)."),
+    ),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
+)
+
+MEMORY = Dashboard(
+    "npudist-memory", "npudist / Memory",
+    "Device memory from the node exporter, and each rank's caching allocator.",
+    (
+        Panel("Device memory used vs total", "bytes", (
+            _q("sum by (node) (npudist_device_memory_used_bytes{node=~\"$node\"})", "used {{node}}"),
+            _q("sum by (node) (npudist_device_memory_total_bytes{node=~\"$node\"})", "total {{node}}"))),
+        Panel("Allocator reserved vs allocated", "bytes", (
+            _q(f"npudist_allocator_reserved_bytes{{{SEL}}}", "reserved rank {{rank}}"),
+            _q(f"npudist_allocator_allocated_bytes{{{SEL}}}", "allocated rank {{rank}}"))),
+        Panel("Fragmentation per rank", "percentunit", (
+            _q(f"npudist_allocator_fragmentation_ratio{{{SEL}}}", "rank {{rank}}"),),
+              description="1 - allocated/reserved; alerts above 0.30 for 10 minutes."),
+    ),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
+)
+
+OPERATORS = Dashboard(
+    "npudist-operators", "npudist / Operators",
+    "Self time per operator family from the profiled steps (one every op_every steps).",
+    (
+        Panel("p95 duration per operator", "s", (_q("npudist:op_duration_seconds:p95{job=~\"$job\"}", "{{op}}"),),
+              width=24),
+        Panel("Mean duration per operator and rank", "s", (
+            _q(f"npudist:op_duration_seconds:mean{{{SEL}}}", "{{op}} rank {{rank}}"),),
+              description="The matmul alert fires above 800 us for 10 minutes."),
+        Panel("Profiled operator calls/s", "ops", (
+            _q(f"sum by (op) (rate(npudist_op_duration_seconds_count{{{SEL}}}[{RATE}]))", "{{op}}"),)),
+    ),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
+)
+
+TRAINING = Dashboard(
+    "npudist-training", "npudist / Training sync",
+    "Step time per rank, cross-rank skew and the straggler, with its node's device temperature and clock.",
+    (
+        Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{SEL}}}", "rank {{rank}}"),)),
+        Panel("Steps/s", "ops", (_q(f"sum by (rank) (rate(npudist_steps_total{{{SEL}}}[{RATE}]))", "rank {{rank}}"),)),
+        Panel("Cross-rank skew", "percentunit", (_q("max by (job) (npudist_step_skew_ratio{job=~\"$job\"})", "skew"),),
+              description="stddev/mean of the ranks' step times; the straggler alert fires above 0.12 for 5 min."),
+        Panel("Straggler rank", "none", (_q("max by (job) (npudist_straggler_rank{job=~\"$job\"})", "rank"),),
+              type="stat", width=6),
+        Panel("Straggler's node: hottest device", "celsius", (
+            _q("npudist:node_device_temperature_celsius:max and on (node) "
+               "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
+              description="Thermal throttling is the usual cause of one slow rank."),
+        Panel("Straggler's node: slowest device clock", "hertz", (
+            _q("npudist:node_device_frequency_hertz:min and on (node) "
+               "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9),
+    ),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
+     Variable("straggler", "npudist_straggler_rank", "")),
+)
+
+DASHBOARDS: tuple[Dashboard, ...] = (DEVICES, COMMUNICATION, MEMORY, OPERATORS, TRAINING)
+
+
+def all_queries(dashboards: tuple[Dashboard, ...] = DASHBOARDS) -> list[tuple[str, str, str]]:
+    """(dashboard uid, panel title, expr) for every query of every panel."""
+    return [(d.uid, p.title, q.expr) for d in dashboards for p in d.panels for q in p.queries]

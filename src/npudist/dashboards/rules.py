@@ -1,0 +1,199 @@
+"""Prometheus alerting and recording rules as data, rendered to one rules file.
+
+Thresholds come from the issue (backlog, skew, fragmentation, matmul time) or from ``limits.py``. Each
+alert carries ``severity`` (P1 page now, P2 look today, P3 look this week), a summary, a description naming
+the rank or device, and ``runbook``: a section of docs/runbook.md whose anchor is the alert name in lower case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from npudist.dashboards.limits import over_limit_expr
+
+RUNBOOK = "docs/runbook.md"
+SEVERITIES = ("P1", "P2", "P3")
+JOB_MATCH = 'job=~"npudist.*"'
+"""Scrape jobs npudist's exporters run under: name them npudist* (e.g. npudist, npudist-node)."""
+WINDOW = "1m"
+
+
+@dataclass(frozen=True)
+class Recording:
+    record: str
+    expr: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+
+    @property
+    def anchor(self) -> str:
+        return self.name.lower()
+
+
+# nccl-tests' bus factors, applied to the bytes npudist.comm records (each rank's input tensor): all_gather's
+# input is 1/n of the output nccl-tests counts, hence (n - 1) rather than (n - 1)/n
+# (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
+_W = "count by (job) (npudist_steps_total)"
+BUS_FACTORS = {
+    "all_reduce": f"2 * ({_W} - 1) / {_W}",
+    "all_gather": f"({_W} - 1)",
+    "reduce_scatter": f"({_W} - 1) / {_W}",
+    "broadcast": f"{_W} / {_W}",
+}
+
+
+def _busbw(op: str, factor: str) -> Recording:
+    sel = f'{{op="{op}"}}'
+    algbw = (f"sum by (job, op, backend) (rate(npudist_collective_bytes_total{sel}[{WINDOW}]))\n"
+             f"  / sum by (job, op, backend) (rate(npudist_collective_duration_seconds_sum{sel}[{WINDOW}]))")
+    # One rule per op under one name; the op label keeps them distinct (promtool's duplicate-rule lint).
+    return Recording("npudist:collective_busbw_bytes_per_second", f"({algbw})\n* on (job) group_left () ({factor})",
+                     (("op", op),))
+
+
+def _quantile(q: str, metric: str, by: str, window: str) -> str:
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[{window}])))"
+
+
+def _mean(metric: str, by: str, window: str) -> str:
+    return (f"sum by ({by}) (rate({metric}_sum[{window}]))\n"
+            f"  / sum by ({by}) (rate({metric}_count[{window}]))")
+
+
+_RANK = "job, node, rank"
+# Operator samples are sparse (one profiled step every op_every steps): a longer window keeps data.
+OP_WINDOW = "5m"
+
+RECORDINGS: tuple[Recording, ...] = (
+    Recording("npudist:collective_duration_seconds:p50",
+              _quantile("0.5", "npudist_collective_duration_seconds", "job, node, op, backend", WINDOW)),
+    Recording("npudist:collective_duration_seconds:p99",
+              _quantile("0.99", "npudist_collective_duration_seconds", "job, node, op, backend", WINDOW)),
+    *(_busbw(op, f) for op, f in BUS_FACTORS.items()),
+    Recording("npudist:op_duration_seconds:p95",
+              _quantile("0.95", "npudist_op_duration_seconds", "job, op", OP_WINDOW)),
+    Recording("npudist:op_duration_seconds:mean", _mean("npudist_op_duration_seconds", f"{_RANK}, op", OP_WINDOW)),
+    Recording("npudist:step_duration_seconds:mean", _mean("npudist_step_duration_seconds", _RANK, WINDOW)),
+    # Device exporters run under another job than the ranks: join them on node only.
+    Recording("npudist:node_device_temperature_celsius:max", "max by (node) (npudist_device_temperature_celsius)"),
+    Recording("npudist:node_device_frequency_hertz:min", "min by (node) (npudist_device_frequency_hertz)"),
+)
+
+_WHERE = "rank {{ $labels.rank }} on {{ $labels.node }} (job {{ $labels.job }})"
+_DEVICE = "device {{ $labels.device }} chip {{ $labels.chip }} ({{ $labels.model }}) on {{ $labels.node }}"
+
+ALERTS: tuple[Alert, ...] = (
+    Alert("NpudistCollectiveBacklogCritical",
+          "sum by (job, node, rank) (npudist_collective_inflight) > 10", "2m", "P1",
+          "More than 10 collectives in flight for 2 minutes",
+          f"{_WHERE} has {{{{ $value }}}} async collectives issued and not completed: a peer is hung or the "
+          "link is saturated."),
+    Alert("NpudistCollectiveBacklog",
+          "sum by (job, node, rank) (npudist_collective_inflight) > 8", "5m", "P2",
+          "More than 8 collectives in flight for 5 minutes",
+          f"{_WHERE} keeps {{{{ $value }}}} async collectives in flight: communication is falling behind compute."),
+    Alert("NpudistStraggler",
+          "max by (job) (npudist_straggler_rank)\nand on (job)\n(max by (job) (npudist_step_skew_ratio) > 0.12)",
+          "5m", "P2", "One rank slows the whole job (step skew above 0.12 for 5 minutes)",
+          "Rank {{ $value }} of job {{ $labels.job }} is the slowest; every other rank waits for it at each "
+          "collective. Check its device temperature and clock on the Training sync dashboard."),
+    Alert("NpudistAllocatorFragmentation",
+          "npudist_allocator_fragmentation_ratio > 0.30", "10m", "P3",
+          "Allocator fragmentation above 30 % for 10 minutes",
+          f"{_WHERE}: {{{{ $value | humanizePercentage }}}} of the memory its allocator reserved holds no tensor."),
+    Alert("NpudistSlowMatmul",
+          'npudist:op_duration_seconds:mean{op="matmul"} > 0.0008', "10m", "P3",
+          "Mean matmul time above 800 us for 10 minutes",
+          f"{_WHERE}: matmul takes {{{{ $value | humanizeDuration }}}} on average in the profiled steps."),
+    Alert("NpudistDeviceUnhealthy",
+          'npudist_device_info{health=~"Alarm|Critical"} == 1', "1m", "P1",
+          "Device reports Alarm or Critical health",
+          f"{_DEVICE} reports health {{{{ $labels.health }}}}."),
+    Alert("NpudistDeviceWarning",
+          'npudist_device_info{health=~"Warning|UNKNOWN"} == 1', "5m", "P2",
+          "Device reports Warning or unknown health",
+          f"{_DEVICE} reports health {{{{ $labels.health }}}}."),
+    Alert("NpudistDeviceTooHot", over_limit_expr(), "2m", "P2",
+          "Device above its vendor's temperature limit",
+          f"{_DEVICE} is at {{{{ $value }}}} C, above the {{{{ $labels.vendor }}}} limit: it will throttle."),
+    Alert("NpudistDeviceDown", "npudist_device_up == 0", "2m", "P2",
+          "Exporter cannot read a device",
+          f"The exporter's latest read of {_DEVICE} failed or is stale."),
+    Alert("NpudistExporterDown", f"up{{{JOB_MATCH}}} == 0", "2m", "P1",
+          "npudist exporter not scraped",
+          "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}) for 2 minutes."),
+    Alert("NpudistCollectorErrors",
+          f"sum by (job, instance, collector, reason) (rate(npudist_collector_errors_total[{WINDOW}])) > 0",
+          "5m", "P2", "A collector keeps failing",
+          "Collector {{ $labels.collector }} on {{ $labels.instance }} fails with {{ $labels.reason }} "
+          "for 5 minutes."),
+    Alert("NpudistTrainingStalled",
+          f"increase(npudist_steps_total[{WINDOW}]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "5m", "P1",
+          "Training stalled: no step for 5 minutes while the job is up",
+          f"{_WHERE} finished no step in 5 minutes but its exporter answers: a hang (collective, data "
+          "loader, I/O)."),
+)
+
+
+def rules_document(alerts: tuple[Alert, ...] = ALERTS, recordings: tuple[Recording, ...] = RECORDINGS,
+                   runbook: str = RUNBOOK) -> dict[str, Any]:
+    """The rules file as data: one recording group, one alert group."""
+    return {"groups": [
+        {"name": "npudist.recording", "rules": [
+            {"record": r.record, "expr": r.expr, **({"labels": dict(r.labels)} if r.labels else {})}
+            for r in recordings]},
+        {"name": "npudist.alerts", "rules": [
+            {"alert": a.name, "expr": a.expr, "for": a.for_, "labels": {"severity": a.severity},
+             "annotations": {"summary": a.summary, "description": a.description,
+                             "runbook": f"{runbook}#{a.anchor}"}}
+            for a in alerts]},
+    ]}
+
+
+def with_for(alerts: tuple[Alert, ...], **durations: str) -> tuple[Alert, ...]:
+    """A copy with some ``for`` durations replaced (tests: ``with_for(ALERTS, NpudistStraggler="5s")``)."""
+    unknown = set(durations) - {a.name for a in alerts}
+    if unknown:
+        raise ValueError(f"no such alert(s): {', '.join(sorted(unknown))}")
+    return tuple(dataclasses.replace(a, for_=durations.get(a.name, a.for_)) for a in alerts)
+
+
+class _Literal(str):
+    pass
+
+
+def _literal(dumper: yaml.SafeDumper, s: _Literal) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|")
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Literal, _literal)
+
+
+def to_yaml(doc: dict[str, Any]) -> str:
+    """YAML with multi-line expressions as block scalars, so the file reads like a hand-written one."""
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, str) and "\n" in x:
+            return _Literal(x)
+        return x
+    return yaml.dump(walk(doc), Dumper=_Dumper, sort_keys=False, width=120)

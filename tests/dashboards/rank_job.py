@@ -1,0 +1,49 @@
+"""A 2-rank training for the Prometheus integration test: every rank metric gets samples.
+
+Runs until the file argv[1] exists (or 150 s; the ranks agree on when through an all_reduce, so
+none is left waiting in a collective). Rank 1 sleeps 0.3 s per step more than rank 0: the straggler.
+CPU keeps no allocator statistics, so the ranks report a fixed caching-allocator state
+(64 MiB reserved; 56 MiB allocated on rank 0, 40 MiB on rank 1: fragmentation 0.125 and 0.375).
+"""
+
+import os
+import sys
+import time
+import types
+
+import torch
+from torch import nn
+
+import npudist
+import npudist.comm as comm
+import npudist.telemetry
+
+MIB = 1 << 20
+
+
+class AllocatorShim:
+    def __init__(self, rank: int) -> None:
+        self.allocated = (56 if rank == 0 else 40) * MIB
+
+    def memory_stats(self, index=None) -> dict:
+        return {"allocated_bytes": self.allocated, "reserved_bytes": 64 * MIB}
+
+
+ctx = npudist.init()
+shim = types.SimpleNamespace(rank=ctx.rank, local_rank=ctx.local_rank, device=ctx.device,
+                             accelerator=AllocatorShim(ctx.rank))
+tel = npudist.telemetry.serve_rank_metrics(shim, device_source=None)
+timer = tel.step_timer(exchange_every=3, op_every=6)
+model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.Softmax(-1))
+deadline = time.monotonic() + 150
+while True:
+    stop = torch.tensor([float(os.path.exists(sys.argv[1]) or time.monotonic() > deadline)])
+    if comm.all_reduce(stop, op="max").item():
+        break
+    with timer:
+        model(torch.randn(16, 32)).sum().backward()
+        comm.all_reduce(torch.ones(16, 8).t())  # not contiguous: counted as a "contiguous" adaptation
+        comm.all_reduce(torch.ones(64), async_op=True).wait()
+        time.sleep(0.3 if ctx.rank == 1 else 0.0)
+tel.close()
+npudist.shutdown()

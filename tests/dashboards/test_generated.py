@@ -1,0 +1,75 @@
+"""Metric-name extraction, and the generated dashboards/rules checked against the catalogue."""
+
+import json
+
+import pytest
+
+from npudist.dashboards import DASHBOARDS, check_dir, export, files
+from npudist.dashboards.check import unknown_metrics
+from npudist.dashboards.promql import PromQLError, metric_names, substitute
+from tests.conftest import run_npudist
+
+
+def test_metric_names_skip_functions_labels_and_keywords():
+    expr = ('histogram_quantile(0.95, sum by (job, le) (rate(npudist_op_duration_seconds_bucket{op="matmul"}[5m])))'
+            ' and on (node) max by (node) (npudist_device_up) > bool 0')
+    assert metric_names(expr) == {"npudist_op_duration_seconds_bucket", "npudist_device_up"}
+    assert metric_names('up{job=~"npudist.*"} == 0') == {"up"}
+    with pytest.raises(PromQLError, match="unclosed"):
+        metric_names("sum(rate(x[1m])")
+
+
+def test_substitute_fills_grafana_variables():
+    assert substitute('rate(a{job=~"$job", rank=~"${straggler}"}[$__rate_interval])', {"straggler": "1"}) == \
+        'rate(a{job=~".*", rank=~"1"}[1m])'
+
+
+def test_unknown_metric_and_bare_histogram_are_reported():
+    assert unknown_metrics("npudist_step_duration_seconds", set()) == ["npudist_step_duration_seconds"]
+    assert unknown_metrics("npudist_gpu_temp_c > 3", set()) == ["npudist_gpu_temp_c"]
+    assert unknown_metrics("npudist:x", {"npudist:x"}) == []
+
+
+def test_every_dashboard_has_the_variables_and_units():
+    docs = {p: json.loads(t) for p, t in files().items() if p.startswith("grafana/")}
+    assert len(docs) == len(DASHBOARDS) == 5
+    for doc in docs.values():
+        names = [v["name"] for v in doc["templating"]["list"]]
+        assert names[:3] == ["datasource", "job", "node"]
+    units = {p["fieldConfig"]["defaults"]["unit"] for d in docs.values() for p in d["panels"]}
+    assert {"watt", "bytes", "celsius", "percentunit", "s", "Bps"} <= units
+
+
+def test_check_passes_the_export_and_names_a_broken_one(tmp_path):
+    export(tmp_path)
+    assert check_dir(tmp_path).problems == []
+    board = tmp_path / "grafana" / "npudist-devices.json"
+    doc = json.loads(board.read_text())
+    doc["panels"][0]["targets"][0]["expr"] = "npudist_device_util_percent"
+    doc["panels"][1]["fieldConfig"]["defaults"]["unit"] = "mW"
+    board.write_text(json.dumps(doc))
+    problems = "\n".join(check_dir(tmp_path).problems)
+    assert "npudist_device_util_percent" in problems and "'mW'" in problems
+
+
+def test_cli_export_then_check(tmp_path):
+    res = run_npudist(["dashboards", "export", "--out", str(tmp_path)], timeout=60)
+    assert res.returncode == 0, res.stderr
+    for rel in ("grafana/npudist-training.json", "prometheus/rules.yml", "prometheus/prometheus.yml",
+                "provisioning/datasources/npudist.yml", "provisioning/dashboards/npudist.yml"):
+        assert (tmp_path / rel).is_file(), rel
+    res = run_npudist(["dashboards", "check", str(tmp_path)], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "0 problem(s)" in res.stdout
+    res = run_npudist(["dashboards", "check", str(tmp_path / "nope")], timeout=60)
+    assert res.returncode == 2 and "npudist dashboards export --out" in res.stderr
+
+
+def test_every_alert_has_a_runbook_section_and_a_severity():
+    from npudist.dashboards import ALERTS
+    from tests.conftest import REPO
+
+    headings = {line[3:].strip().lower() for line in (REPO / "docs" / "runbook.md").read_text().splitlines()
+                if line.startswith("## ")}
+    assert {a.anchor for a in ALERTS} == headings
+    assert {a.severity for a in ALERTS} == {"P1", "P2", "P3"}

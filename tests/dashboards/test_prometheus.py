@@ -1,0 +1,125 @@
+"""Every panel query returns data and every alert expression evaluates, against a real Prometheus scraping
+a real 2-rank training (one rank slowed) and real `npudist exporter` processes."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from npudist.dashboards import ALERTS, DASHBOARDS, RECORDINGS, rules_document, with_for
+from npudist.dashboards.promql import substitute
+from npudist.dashboards.rules import to_yaml
+from tests.conftest import FAKES, REPO, child_env
+from tests.dashboards.prom import PROMETHEUS, Prometheus, free_pair, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+              pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="Debian prometheus not installed")]
+RANK_JOB = Path(__file__).with_name("rank_job.py")
+
+
+def _exporter(port: int, source: str, extra: dict[str, str]) -> subprocess.Popen:
+    env = child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}", **extra})
+    return subprocess.Popen([sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}",
+                             "--source", source, "--interval", "1s"], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prom")
+    procs: list[subprocess.Popen] = []
+    prom = None
+    try:
+        ports = [free_port() for _ in range(3)]
+        procs.append(_exporter(ports[0], "npu-smi", {
+            "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / "910b2c-8npu-constructed.txt")}))
+        procs.append(_exporter(ports[1], "cpu", {}))  # the CPU's clock: npu-smi's table has no frequency
+        procs.append(_exporter(ports[2], "npu-smi", {"NPUDIST_FAKE_NPU_SMI_MODE": "fail"}))  # a broken node
+        base, targets, stop = free_pair(), tmp / "sd" / "npudist.json", tmp / "stop"
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
+             "--targets-file", str(targets), str(RANK_JOB), str(stop)],
+            env=child_env(), cwd=REPO, stdout=(tmp / "launch.log").open("w"), stderr=subprocess.STDOUT)
+        procs.append(launch)
+        # Test copy of the rules: the straggler alert's `for` shortened from 5m so it goes pending here.
+        rules = tmp / "rules.yml"
+        rules.write_text(to_yaml(rules_document(with_for(ALERTS, NpudistStraggler="3s"), RECORDINGS)))
+        end = time.monotonic() + 60
+        while not targets.exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        prom = Prometheus(tmp, rules, targets, [f"127.0.0.1:{p}" for p in ports])
+        prom.wait_ready()
+        yield prom
+        stop.write_text("")
+        launch.wait(timeout=60)
+        assert launch.returncode == 0, (tmp / "launch.log").read_text()[-3000:]
+    finally:
+        for p in procs:
+            _stop(p)
+        if prom is not None:
+            prom.stop()
+
+
+def _series(prom: Prometheus, expr: str) -> list:
+    res = prom.query(expr)
+    assert res["status"] == "success", (expr, res)
+    return res["data"]["result"]
+
+
+def _wait_for(prom: Prometheus, expr: str, timeout: float) -> list:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = _series(prom, expr)
+        if found:
+            return found
+        time.sleep(1)
+    raise AssertionError(f"no series for {expr!r} within {timeout} s")
+
+
+def test_straggler_alert_goes_pending_naming_rank_one(stack):
+    found = _wait_for(stack, 'ALERTS{alertname="NpudistStraggler", alertstate=~"pending|firing"}', 90)
+    assert found[0]["metric"]["severity"] == "P2"
+    assert _series(stack, "max(npudist_straggler_rank)")[0]["value"][1] == "1"
+
+
+def test_every_panel_query_returns_data(stack):
+    # Slowest inputs first: operator histograms (profiled step every 5 steps) and rule-derived series.
+    for expr in ("npudist:op_duration_seconds:p95", "npudist:collective_busbw_bytes_per_second",
+                 "npudist:node_device_frequency_hertz:min", "npudist_collector_errors_total",
+                 "npudist_straggler_rank"):
+        _wait_for(stack, expr, 60)
+    straggler = _series(stack, "max(npudist_straggler_rank)")[0]["value"][1]
+    empty = []
+    for d in DASHBOARDS:
+        for p in d.panels:
+            for q in p.queries:
+                expr = substitute(q.expr, {"straggler": straggler, "__rate_interval": "30s"})
+                if not _series(stack, expr):
+                    empty.append(f"{d.title} / {p.title}: {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_eight_devices_from_the_fake_npu_smi(stack):
+    temps = _series(stack, 'npudist_device_temperature_celsius{vendor="npu"}')
+    # 910b2c-8npu-constructed.txt: Temp(C) of NPUs 0-7, read from the file by hand
+    by_device = {s["metric"]["device"]: float(s["value"][1]) for s in temps}
+    assert by_device == {"0": 51, "1": 50, "2": 49, "3": 52, "4": 48, "5": 50, "6": 53, "7": 51}
+
+
+def test_every_alert_expression_evaluates(stack):
+    for a in ALERTS:
+        res = stack.query(a.expr)
+        assert res["status"] == "success", (a.name, res)
