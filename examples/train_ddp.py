@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import npudist
 import npudist.telemetry
 from npudist import checkpoint
+from npudist.telemetry.runlog import open_run_log
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -135,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     window_start, window_samples = time.perf_counter(), 0
     # Metrics on NPUDIST_METRICS_PORT + local rank when set; skew exchange every 20 steps, ops every 100.
     telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
-    end_step = telemetry.step_timer(exchange_every=20, op_every=100).step if telemetry else (lambda: None)
+    timer = telemetry.step_timer(exchange_every=20, op_every=100) if telemetry else None
+    end_step = timer.step if timer else (lambda: None)
+    # What `npudist report RUN_DIR` plots: RUN_DIR/metrics/rank{R}.jsonl
+    runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start) if args.run_dir else None
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
@@ -146,11 +150,13 @@ def main(argv: list[str] | None = None) -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            end_step()
+            seconds = end_step()
             window_samples += args.global_batch_size
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 loss_value = float(loss.detach())
                 elapsed = time.perf_counter() - window_start
+                if runlog is not None:
+                    runlog.step(step, loss_value, seconds)
                 if ctx.is_main:
                     print(f"step={step} loss={loss_value:.4f} samples/s={window_samples / elapsed:.1f} "
                           f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
@@ -165,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
     finally:
+        if runlog is not None:
+            runlog.close()
         if telemetry is not None:
             telemetry.close()
         npudist.shutdown()

@@ -89,6 +89,8 @@ class StepTimer:
         self._started: float | None = None
         self._prof: Any = None
         self.last_report: SkewReport | None = None
+        self.on_exchange: Callable[[SkewReport], None] | None = None
+        """Called on every rank with each exchange's report (the run log records it); errors are logged."""
 
     # context-manager form: the block is one step
     def __enter__(self) -> StepTimer:
@@ -155,6 +157,11 @@ class StepTimer:
         first = self.steps_done - len(window) + 1
         report = skew_report(first, self.steps_done, rows)
         self.last_report = report
+        if self.on_exchange is not None:
+            try:
+                self.on_exchange(report)
+            except Exception as exc:  # a recorder must never stop training
+                log.warning("skew hook failed after step %d: %s", self.steps_done, exc)
         if rank == 0:
             self.metrics.skew = report
             if report.skew > self.threshold:
