@@ -108,7 +108,7 @@ class RunLog:
         try:
             self._file.write(line + "\n")
             self._file.flush()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # disk full, file closed under us
             if not self._failed:
                 log.warning("run log %s: write failed, further records are dropped: %s", self.path, exc)
             self._failed = True
