@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import npudist
 import npudist.telemetry
 from npudist import checkpoint
+from npudist.telemetry.runlog import open_run_log
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,17 +143,19 @@ def main(argv: list[str] | None = None) -> None:
     window_start, window_samples = time.perf_counter(), 0
     # Metrics on NPUDIST_METRICS_PORT + local rank when set; skew exchange every 20 steps, ops every 100.
     telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
-    on_skew = None
-    if args.straggler_diagnosis and args.run_dir:
-        from npudist.telemetry.straggler import StragglerDiagnosis
-
-        on_skew = StragglerDiagnosis(args.run_dir, windows=args.straggler_diagnosis)
-        npudist.comm.set_run_dir(args.run_dir)
-    end_step = lambda: None  # noqa: E731
+    timer = None
     if telemetry is not None:
-        timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100, on_skew=on_skew)
+        timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100)
         npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time spent waiting for others
-        end_step = timer.step
+        if args.straggler_diagnosis and args.run_dir and ctx.is_main:
+            from npudist.telemetry.straggler import StragglerDiagnosis
+
+            timer.on_exchange.append(StragglerDiagnosis(args.run_dir, windows=args.straggler_diagnosis))
+    if args.run_dir:
+        npudist.comm.set_run_dir(args.run_dir)
+    end_step = timer.step if timer else (lambda: None)
+    # What `npudist report RUN_DIR` plots: RUN_DIR/metrics/rank{R}.jsonl
+    runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start) if args.run_dir else None
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
@@ -165,11 +168,13 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
             if ctx.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000)
-            end_step()
+            seconds = end_step()
             window_samples += args.global_batch_size
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 loss_value = float(loss.detach())
                 elapsed = time.perf_counter() - window_start
+                if runlog is not None:
+                    runlog.step(step, loss_value, seconds)
                 if ctx.is_main:
                     print(f"step={step} loss={loss_value:.4f} samples/s={window_samples / elapsed:.1f} "
                           f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
@@ -184,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
     finally:
+        if runlog is not None:
+            runlog.close()
         if telemetry is not None:
             telemetry.close()
         npudist.shutdown()

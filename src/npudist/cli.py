@@ -113,6 +113,19 @@ def exporter(
     node.run_forever(running)
 
 
+@app.command(help="Render RUN_DIR's recorded metrics and benchmarks as one self-contained HTML page.")
+def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds metrics/rank*.jsonl)."),
+           out: str = typer.Option("report.html", "-o", "--out", help="HTML file to write.")) -> None:
+    from npudist.report import ReportError, write_report
+
+    try:
+        data = write_report(run_dir, out)
+    except ReportError as exc:
+        err.print(f"[bold red]npudist report:[/] {exc}")
+        raise typer.Exit(2) from None
+    err.print(f"npudist report: wrote {out} ({len(data.problems)} unusable record(s) skipped)")
+
+
 def main() -> None:
     try:
         app()

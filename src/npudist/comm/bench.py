@@ -153,6 +153,8 @@ def collective(
     iters: int = typer.Option(30, help="Samples per block."),
     timeout: float = typer.Option(1800, help="Seconds before the ranks are stopped."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    out_file: str = typer.Option(None, "--out", help="Also write the JSON document to this file, e.g. "
+                                  "RUN_DIR/bench/all_reduce.json for `npudist report`."),
 ) -> None:
     """Time a collective over a range of sizes: the nccl-tests table, #wrong from a correctness check."""
     # A pipe or CI log has no width; the table needs about 150 columns.
@@ -184,7 +186,15 @@ def collective(
             raise typer.Exit(1) from None
         result = json.loads(Path(out).read_text())
     rows = summarise(result)
+    document = json.dumps({"meta": result["meta"], "rows": rows}, indent=2)
+    if out_file is not None:
+        try:
+            Path(out_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(out_file).write_text(document + "\n")
+        except OSError as exc:
+            Console(stderr=True).print(f"[bold red]npudist bench collective:[/] --out {out_file}: {exc}")
+            raise typer.Exit(1) from None
     if as_json:
-        typer.echo(json.dumps({"meta": result["meta"], "rows": rows}, indent=2))
+        typer.echo(document)
     else:
         console.print(table(result["meta"], rows))

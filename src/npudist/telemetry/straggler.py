@@ -47,7 +47,7 @@ def diagnosis(history: list[SkewReport], threshold: float) -> dict[str, Any]:
 
 
 class StragglerDiagnosis:
-    """Pass as StepTimer(on_skew=...): counts skewed windows, writes RUN_DIR/straggler-step<N>.json once
+    """Append to StepTimer.on_exchange on one rank: counts skewed windows, writes RUN_DIR/straggler-step<N>.json once
     per streak of ``windows`` consecutive windows above ``threshold``."""
 
     def __init__(self, run_dir: str | os.PathLike, windows: int = 3, threshold: float = DEFAULT_THRESHOLD) -> None:

@@ -76,8 +76,7 @@ class StepTimer:
     def __init__(self, metrics: TrainingMetrics | None = None, *, exchange_every: int = 20,
                  skew_threshold: float = DEFAULT_THRESHOLD, op_every: int = 0, group: Any = None,
                  vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
-                 device_type: str = "cpu", clock: Callable[[], float] = time.perf_counter,
-                 on_skew: Callable[[SkewReport], None] | None = None) -> None:
+                 device_type: str = "cpu", clock: Callable[[], float] = time.perf_counter) -> None:
         if exchange_every < 0 or op_every < 0:
             raise ValueError("exchange_every and op_every must be >= 0 (0 turns the feature off)")
         if not skew_threshold > 0:
@@ -86,14 +85,14 @@ class StepTimer:
         self.exchange_every, self.op_every = exchange_every, op_every
         self.threshold, self.group = skew_threshold, group
         self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
-        self.on_skew = on_skew
-        """Called on rank 0 with every exchange's report (straggler diagnosis, run logs)."""
         self.steps_done = 0
         self._window: list[float] = []
         self._waited = 0.0
         self._started: float | None = None
         self._prof: Any = None
         self.last_report: SkewReport | None = None
+        self.on_exchange: list[Callable[[SkewReport], None]] = []
+        """Called on every rank with each exchange's report (run log, straggler diagnosis); errors are logged."""
 
     # context-manager form: the block is one step
     def __enter__(self) -> StepTimer:
@@ -169,15 +168,15 @@ class StepTimer:
         first = self.steps_done - len(window) + 1
         report = skew_report(first, self.steps_done, rows)
         self.last_report = report
+        for hook in self.on_exchange:
+            try:
+                hook(report)
+            except Exception as exc:  # a recorder must never stop training
+                log.warning("skew hook failed after step %d: %s", self.steps_done, exc)
         if rank == 0:
             self.metrics.skew = report
             if report.skew > self.threshold:
                 log.warning("%s", describe(report, self.threshold))
-            if self.on_skew is not None:
-                try:
-                    self.on_skew(report)
-                except Exception as exc:  # a diagnosis hook must never stop training
-                    log.warning("skew hook failed: %s", exc)
 
 
 def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], int]:
@@ -206,18 +205,26 @@ def watch_ddp(ddp: Any, timer: StepTimer) -> None:
 
     Registers a comm hook that does what DDP's default hook does (divide by the world size, then
     all_reduce: the same numbers as without the hook) and measures each bucket from launch to
-    completion: long on the ranks that wait for a straggler, short on the straggler itself.
+    completion: long on the ranks that wait for a straggler, short on the straggler itself. Each
+    bucket is also counted in npudist.comm.stats() (op ``all_reduce``), so DDP's own gradient traffic
+    shows in the collective metrics and in the run report's collective time share.
     """
     import torch.distributed as dist
+
+    from npudist.comm.stats import RECORDER
 
     def hook(state, bucket):  # DDP checks these annotations: they must stay empty
         started = time.perf_counter()
         group = state if state is not None else dist.group.WORLD
         tensor = bucket.buffer().div_(dist.get_world_size(group))
+        backend = str(dist.get_backend(group))
+        nbytes = tensor.numel() * tensor.element_size()
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
         def done(f: Any) -> Any:
-            timer.add_wait(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            timer.add_wait(seconds)
+            RECORDER.record("all_reduce", backend, nbytes, seconds, ())
             return f.value()[0]
 
         return fut.then(done)

@@ -1,0 +1,188 @@
+"""From run records to what the report shows: series per rank, skew windows, collective time share.
+
+Pure: no files, no HTML. A resumed run repeats the steps after its last checkpoint; for a repeated step
+the later record wins, since that is the one the final model descends from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from npudist.report.records import Problem, RunRecords
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: tuple[tuple[float, float], ...]
+    """(x, y), sorted by x, finite values only."""
+
+
+@dataclass(frozen=True)
+class SkewWindow:
+    first_step: int
+    last_step: int
+    skew: float
+    straggler: int
+
+
+@dataclass(frozen=True)
+class CommShare:
+    rank: int
+    wall_seconds: float
+    collective_seconds: float
+    share: float | None
+    """collective_seconds / wall_seconds (0-1), None when no wall time was recorded."""
+    ops: tuple[tuple[str, str, int, int, float], ...]
+    """(op, backend, calls, bytes, seconds) summed over run segments."""
+
+
+@dataclass(frozen=True)
+class ReportData:
+    summary: tuple[tuple[str, str], ...]
+    loss: tuple[Series, ...]
+    step_time: tuple[Series, ...]
+    skew: tuple[SkewWindow, ...]
+    comm: tuple[CommShare, ...]
+    bench: tuple[Series, ...]
+    device: dict[str, tuple[Series, ...]]
+    """Device field -> one series per rank, x = seconds since the run's first record."""
+    problems: tuple[Problem, ...]
+
+
+DEVICE_PLOTS = (
+    # (record field, heading, y-axis label, scale applied for display)
+    ("utilization_ratio", "Device utilization", "utilization (ratio 0-1)", 1.0),
+    ("power_watts", "Device power", "power (W)", 1.0),
+    ("temperature_celsius", "Device temperature", "temperature (°C)", 1.0),
+    ("memory_used_bytes", "Device memory used", "memory used (GiB)", 1 / 2**30),
+)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _by_rank(records: Iterable[dict[str, Any]], kind: str) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["kind"] == kind:
+            out.setdefault(r["rank"], []).append(r)
+    return dict(sorted(out.items()))
+
+
+def step_series(records: list[dict[str, Any]], field_name: str) -> tuple[Series, ...]:
+    """One series per rank of ``field_name`` against step; the last record of a step wins."""
+    out = []
+    for rank, rows in _by_rank(records, "step").items():
+        last: dict[int, float] = {}
+        for r in rows:
+            if _finite(r.get(field_name)):
+                last[r["step"]] = float(r[field_name])
+            else:
+                last.pop(r["step"], None)
+        if last:
+            out.append(Series(f"rank {rank}", tuple(sorted((float(s), v) for s, v in last.items()))))
+    return tuple(out)
+
+
+def skew_windows(records: list[dict[str, Any]]) -> tuple[SkewWindow, ...]:
+    """Every rank logs the same exchanged report: use the lowest rank that logged any."""
+    ranks = _by_rank(records, "skew")
+    if not ranks:
+        return ()
+    windows: dict[int, SkewWindow] = {}
+    for r in next(iter(ranks.values())):
+        first, last, skew, straggler = r.get("first_step"), r.get("last_step"), r.get("skew"), r.get("straggler")
+        if isinstance(first, int) and isinstance(last, int) and _finite(skew) and isinstance(straggler, int):
+            windows[last] = SkewWindow(first, last, float(skew), straggler)
+    return tuple(windows[k] for k in sorted(windows))
+
+
+def comm_shares(records: list[dict[str, Any]]) -> tuple[CommShare, ...]:
+    """Collective seconds over wall seconds per rank, summed over every segment of a resumed run."""
+    out = []
+    for rank, rows in _by_rank(records, "comm").items():
+        wall = sum(float(r["wall_seconds"]) for r in rows if _finite(r.get("wall_seconds")))
+        ops: dict[tuple[str, str], list[float]] = {}
+        for r in rows:
+            for op in r.get("ops") or ():
+                if not isinstance(op, dict) or not all(_finite(op.get(k)) for k in ("calls", "bytes", "seconds")):
+                    continue
+                acc = ops.setdefault((str(op.get("op")), str(op.get("backend"))), [0, 0, 0.0])
+                acc[0] += int(op["calls"])
+                acc[1] += int(op["bytes"])
+                acc[2] += float(op["seconds"])
+        collective = sum(acc[2] for acc in ops.values())
+        out.append(CommShare(rank, wall, collective, collective / wall if wall > 0 else None,
+                             tuple((o, b, int(a[0]), int(a[1]), a[2]) for (o, b), a in sorted(ops.items()))))
+    return tuple(out)
+
+
+def bench_series(run: RunRecords) -> tuple[Series, ...]:
+    """Bus bandwidth (GB/s, nccl-tests' busbw) against message size (bytes), one series per result file."""
+    out = []
+    for b in run.bench:
+        m = b.meta
+        name = (f"{m.get('op', '?')} {m.get('dtype', '')} {m.get('world', '?')} ranks "
+                f"{m.get('backend', '')} ({b.source})").replace("  ", " ")
+        points = tuple(sorted((float(r["size_bytes"]), float(r["busbw_gbps"])) for r in b.rows))
+        if points:
+            out.append(Series(name, points))
+    return tuple(out)
+
+
+def device_series(records: list[dict[str, Any]], t0: float) -> dict[str, tuple[Series, ...]]:
+    out: dict[str, tuple[Series, ...]] = {}
+    by_rank = _by_rank(records, "device")
+    for field_name, _, _, scale in DEVICE_PLOTS:
+        series = []
+        for rank, rows in by_rank.items():
+            points = tuple(sorted((r["time"] - t0, r[field_name] * scale) for r in rows if _finite(r.get(field_name))))
+            if points:
+                series.append(Series(f"rank {rank}", points))
+        if series:
+            out[field_name] = tuple(series)
+    return out
+
+
+def summary(run: RunRecords) -> tuple[tuple[str, str], ...]:
+    starts = [r for r in run.records if r["kind"] == "start"]
+    steps = [r["step"] for r in run.records if r["kind"] == "step"]
+    ranks = sorted({r["rank"] for r in run.records})
+
+    def values(key: str) -> str:
+        found = sorted({str(r[key]) for r in starts if r.get(key) is not None})
+        return ", ".join(found) if found else "not recorded"
+
+    segments = Counter(r["rank"] for r in starts)
+    return (
+        ("ranks with a log", f"{len(ranks)} ({run.rank_files} files)" if ranks else "none"),
+        ("world size", values("world")),
+        ("accelerator", values("accelerator")),
+        ("backend", values("backend")),
+        ("nodes", values("node")),
+        ("last logged step", str(max(steps)) if steps else "not recorded"),
+        ("run segments (starts incl. resumes)", str(max(segments.values())) if segments else "not recorded"),
+        ("bench results", str(len(run.bench))),
+    )
+
+
+def build(run: RunRecords) -> ReportData:
+    """Everything the page shows, computed from the records of one run directory."""
+    times = [r["time"] for r in run.records]
+    t0 = min(times) if times else 0.0
+    return ReportData(
+        summary=summary(run),
+        loss=step_series(run.records, "loss"),
+        step_time=step_series(run.records, "step_seconds"),
+        skew=skew_windows(run.records),
+        comm=comm_shares(run.records),
+        bench=bench_series(run),
+        device=device_series(run.records, t0),
+        problems=tuple(run.problems),
+    )

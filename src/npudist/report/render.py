@@ -1,0 +1,143 @@
+"""ReportData -> one self-contained HTML page (inline CSS and SVG, no script, no external resource)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from npudist.report.model import DEVICE_PLOTS, ReportData, Series
+from npudist.report.svg import line_chart
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 980px; color: #222; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
+td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; } th { background: #f0f0f0; }
+td.l, th.l { text-align: left; }
+.not-recorded { color: #8a5a00; background: #fff6e0; padding: 6px 10px; border-left: 4px solid #e6a700; }
+.problems { color: #8b0000; }
+figure { margin: 8px 0; }
+"""
+
+NOT_RECORDED = {
+    "loss": "Run the job with a run directory (examples/train_ddp.py --run-dir RUN_DIR) so each rank writes "
+            "metrics/rank{R}.jsonl.",
+    "step_time": "Step times come from the StepTimer; the job ran with --no-telemetry or logged no steps.",
+    "skew": "Skew is exchanged every 20 steps by the StepTimer (needs at least 20 steps and telemetry on).",
+    "comm": "Collective totals are written when the job ends (RunLog.close()); the job did not end cleanly "
+            "or logged nothing.",
+    "bench": "Save a benchmark into the run: npudist bench collective --out RUN_DIR/bench/all_reduce.json",
+    "device": "No device source gave readings (utilization, power, temperature, memory) for this run.",
+}
+
+
+def _not_recorded(key: str) -> str:
+    return f'<p class="not-recorded" data-missing="{key}">Not recorded. {escape(NOT_RECORDED[key])}</p>'
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    head = "".join(f'<th class="{"l" if i < left else ""}">{escape(h)}</th>' for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{escape(c)}</td>'
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _chart(series: Sequence[Series], plot_id: str, title: str, x_label: str, y_label: str, **kw: bool) -> str:
+    svg = line_chart(series, title=title, x_label=x_label, y_label=y_label, plot_id=plot_id, **kw)
+    return f'<figure class="plot" id="plot-{escape(plot_id)}">{svg}</figure>'
+
+
+def _section(key: str, heading: str, body: str) -> str:
+    return f'<section id="{key}"><h2>{escape(heading)}</h2>{body}</section>'
+
+
+def _loss(data: ReportData) -> str:
+    if not data.loss:
+        return _not_recorded("loss")
+    return _chart(data.loss, "loss", "Training loss per rank", "step", "loss (cross-entropy)")
+
+
+def _step_time(data: ReportData) -> str:
+    if not data.step_time:
+        return _not_recorded("step_time")
+    return (_chart(data.step_time, "step-time", "Step time per rank", "step", "step time (s)", y_from_zero=True)
+            + "<p>The time of each logged step, measured by the StepTimer (device synchronised on accelerators).</p>")
+
+
+def _skew(data: ReportData) -> str:
+    if not data.skew:
+        return _not_recorded("skew")
+    points = tuple((float(w.last_step), w.skew) for w in data.skew)
+    series = (Series("skew (stddev / mean of rank step times)", points),)
+    rows = [(f"{w.first_step}-{w.last_step}", f"{w.skew:.4f}", str(w.straggler)) for w in data.skew]
+    return (_chart(series, "skew", "Step-time skew across ranks", "last step of window", "skew (ratio)",
+                   y_from_zero=True)
+            + _table(("steps", "skew", "slowest rank"), rows))
+
+
+def _comm(data: ReportData) -> str:
+    if not data.comm:
+        return _not_recorded("comm")
+    rows = [(f"rank {c.rank}", f"{c.wall_seconds:.3f}", f"{c.collective_seconds:.3f}",
+             "n/a" if c.share is None else f"{c.share * 100:.1f} %") for c in data.comm]
+    out = _table(("rank", "wall time (s)", "collective time (s)", "collective time share"), rows)
+    ops = [(f"rank {c.rank}", op, backend, str(calls), str(nbytes), f"{seconds:.4f}")
+           for c in data.comm for op, backend, calls, nbytes, seconds in c.ops]
+    if ops:
+        out += _table(("rank", "op", "backend", "calls", "bytes", "seconds"), ops, left=3)
+    else:
+        out += ("<p>No collective was recorded in this run. npudist.comm's collectives and DDP's gradient "
+                "all-reduce under npudist.telemetry.watch_ddp are counted; torch.distributed called directly "
+                "is not.</p>")
+    return out
+
+
+def _bench(data: ReportData) -> str:
+    if not data.bench:
+        return _not_recorded("bench")
+    return _chart(data.bench, "busbw", "Bus bandwidth vs message size", "message size (bytes)",
+                  "bus bandwidth (GB/s)", log2_x=True, y_from_zero=True)
+
+
+def _device(data: ReportData) -> str:
+    if not data.device:
+        return _not_recorded("device")
+    parts = []
+    for field_name, heading, y_label, _ in DEVICE_PLOTS:
+        series = data.device.get(field_name)
+        if series:
+            parts.append(f"<h3>{escape(heading)}</h3>"
+                         + _chart(series, field_name, heading, "seconds since the run's first record", y_label))
+        else:
+            parts.append(f'<h3>{escape(heading)}</h3><p class="not-recorded" data-missing="{field_name}">'
+                         f"Not recorded by this device source.</p>")
+    return "".join(parts)
+
+
+def _problems(data: ReportData) -> str:
+    if not data.problems:
+        return "<p>None: every line and file was read.</p>"
+    rows = [(p.source, "" if p.line is None else str(p.line), p.reason) for p in data.problems[:200]]
+    more = len(data.problems) - len(rows)
+    return (f'<p class="problems" data-count="{len(data.problems)}">{len(data.problems)} unusable '
+            f"line(s) or file(s) were skipped.</p>" + _table(("file", "line", "reason"), rows, left=3)
+            + (f"<p>... and {more} more.</p>" if more > 0 else ""))
+
+
+def render(data: ReportData, title: str) -> str:
+    """The whole page; ``title`` (usually the run directory) is escaped like every other text."""
+    sections = [
+        _section("summary", "Run", _table(("", ""), data.summary, left=2)),
+        _section("loss", "Loss", _loss(data)),
+        _section("step-time", "Step time", _step_time(data)),
+        _section("skew", "Skew and stragglers", _skew(data)),
+        _section("comm", "Collective time share", _comm(data)),
+        _section("bench", "Bus bandwidth (npudist bench collective)", _bench(data)),
+        _section("device", "Device", _device(data)),
+        _section("problems", "Data problems", _problems(data)),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+            "img-src data:\">"
+            f"<title>npudist report: {escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>npudist run report: {escape(title)}</h1>" + "\n".join(sections) + "</body></html>\n")

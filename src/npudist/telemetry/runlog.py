@@ -1,0 +1,168 @@
+"""The run log: what `npudist report` reads, appended as JSON lines to RUN_DIR/metrics/rank{R}.jsonl.
+
+One file per rank, opened in append mode so a resumed run adds a new ``start`` record and carries on
+in the same file. Records (all in base units; ``time`` is time.time() seconds):
+
+    start   rank, world, node, accelerator, backend, start_step
+    step    step, loss, step_seconds            (one per logged step)
+    skew    first_step, last_step, skew, straggler, means   (each StepTimer exchange)
+    device  utilization_ratio, power_watts, temperature_celsius, memory_used_bytes, frequency_hertz
+    comm    wall_seconds, ops: [{op, backend, calls, bytes, seconds}]   (at close: npudist.comm totals)
+
+Building a record is pure (the ``*_record`` functions); RunLog only adds the time and writes lines.
+A write that fails is logged once and the run carries on: the log is telemetry, never a reason to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.skew import SkewReport
+
+log = logging.getLogger("npudist.telemetry")
+
+VERSION = 1
+DEVICE_FIELDS = ("utilization_ratio", "power_watts", "temperature_celsius", "memory_used_bytes",
+                 "frequency_hertz")
+
+
+def rank_file(run_dir: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` of a run writes its log."""
+    return Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+
+
+def _number(value: float | None) -> float | None:
+    """JSON has no NaN/inf: a non-finite reading is written as null (not recorded)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def step_record(step: int, loss: float | None, step_seconds: float | None) -> dict[str, Any]:
+    return {"kind": "step", "step": int(step), "loss": _number(loss), "step_seconds": _number(step_seconds)}
+
+
+def skew_record(report: SkewReport) -> dict[str, Any]:
+    return {"kind": "skew", "first_step": report.first_step, "last_step": report.last_step,
+            "skew": _number(report.skew), "straggler": report.straggler,
+            "means": [_number(m) for m in report.means]}
+
+
+def device_record(reading: DeviceReading) -> dict[str, Any] | None:
+    """The fields the report plots; None when the reading has none of them."""
+    fields = {name: _number(getattr(reading, name)) for name in DEVICE_FIELDS}
+    if all(v is None for v in fields.values()):
+        return None
+    return {"kind": "device", "vendor": reading.vendor, "device_id": reading.device_id, **fields}
+
+
+def comm_record(before: Any, after: Any, wall_seconds: float) -> dict[str, Any]:
+    """Collective calls, bytes and seconds made between two ``npudist.comm.stats()`` snapshots."""
+    start = {(s.op, s.backend): s for s in before.ops}
+    ops = []
+    for s in after.ops:
+        b = start.get((s.op, s.backend))
+        calls = s.calls - (b.calls if b else 0)
+        if calls <= 0:
+            continue
+        ops.append({"op": s.op, "backend": s.backend, "calls": calls, "bytes": s.bytes - (b.bytes if b else 0),
+                    "seconds": s.duration_sum_seconds - (b.duration_sum_seconds if b else 0.0)})
+    return {"kind": "comm", "wall_seconds": _number(wall_seconds), "ops": ops}
+
+
+def _comm_stats() -> Any:
+    from npudist.comm import stats
+
+    return stats()
+
+
+class RunLog:
+    """Appends one rank's records; ``attach(timer)`` adds the skew of every StepTimer exchange."""
+
+    def __init__(self, path: str | Path, rank: int, *, readings: Callable[[], DeviceReading | None] | None = None,
+                 comm_stats: Callable[[], Any] | None = _comm_stats, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.perf_counter) -> None:
+        self.path, self.rank = Path(path), rank
+        self.readings, self.comm_stats, self.clock, self.monotonic = readings, comm_stats, clock, monotonic
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._failed = False
+        self._last_device: dict[str, Any] | None = None
+        self._opened = monotonic()
+        self._comm_before = comm_stats() if comm_stats is not None else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        """One JSON line with the time and rank added; flushed so a killed run keeps what it wrote."""
+        if self._file is None:
+            return
+        line = json.dumps({"v": VERSION, "time": self.clock(), "rank": self.rank, **record}, allow_nan=False)
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except (OSError, ValueError) as exc:  # disk full, file closed under us
+            if not self._failed:
+                log.warning("run log %s: write failed, further records are dropped: %s", self.path, exc)
+            self._failed = True
+
+    def start(self, *, world: int, accelerator: str, backend: str, start_step: int) -> None:
+        self.write({"kind": "start", "world": world, "node": socket.gethostname(), "accelerator": accelerator,
+                    "backend": backend, "start_step": start_step})
+
+    def step(self, step: int, loss: float | None, step_seconds: float | None) -> None:
+        """A logged step, plus this rank's device reading when a device source has a new one (the poller
+        reads every 15 s, so most steps see the reading already written)."""
+        self.write(step_record(step, loss, step_seconds))
+        reading = self.readings() if self.readings is not None else None
+        record = device_record(reading) if reading is not None else None
+        if record is not None and record != self._last_device:
+            self._last_device = record
+            self.write(record)
+
+    def skew(self, report: SkewReport) -> None:
+        self.write(skew_record(report))
+
+    def attach(self, timer: Any) -> None:
+        """Record every skew exchange of ``timer`` (a StepTimer)."""
+        timer.on_exchange.append(self.skew)
+
+    def close(self) -> None:
+        """Write the collective totals of this run segment and close the file."""
+        if self._file is None:
+            return
+        if self.comm_stats is not None and self._comm_before is not None:
+            try:
+                self.write(comm_record(self._comm_before, self.comm_stats(), self.monotonic() - self._opened))
+            except Exception as exc:  # telemetry: report and carry on
+                log.warning("run log %s: no collective totals: %s", self.path, exc)
+        self._file.close()
+        self._file = None
+
+
+def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: Any = None,
+                 start_step: int = 0) -> RunLog:
+    """A RunLog for this rank (``ctx`` from npudist.init()), reading device values from ``telemetry``'s
+    poller when it has one and recording ``timer``'s skew exchanges."""
+    readings = None
+    if telemetry is not None and telemetry.poller is not None:
+        from npudist.telemetry.rank import local_reading
+
+        poller, local_rank = telemetry.poller, ctx.local_rank
+
+        def readings() -> DeviceReading | None:
+            return local_reading(poller.snapshot().readings, local_rank)
+
+    runlog = RunLog(rank_file(run_dir, ctx.rank), ctx.rank, readings=readings)
+    runlog.start(world=ctx.world_size, accelerator=ctx.accelerator.name, backend=ctx.backend,
+                 start_step=start_step)
+    if timer is not None:
+        runlog.attach(timer)
+    return runlog

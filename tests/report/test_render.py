@@ -1,0 +1,64 @@
+import re
+
+import pytest
+
+from npudist.report import build, load_run, render, report_html
+from npudist.report.model import Series
+from npudist.report.svg import line_chart, nice_ticks, size_label
+from tests.report.runs import write_run
+
+
+def test_ticks_cover_the_data_with_round_steps():
+    assert nice_ticks(1.07, 4.32) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert nice_ticks(0.0, 0.105) == [0.0, 0.05, 0.1, 0.15]
+    assert nice_ticks(20, 40) == [20, 25, 30, 35, 40]
+    with pytest.raises(ValueError, match="finite"):
+        nice_ticks(0, float("inf"))
+
+
+def test_sizes_are_labelled_like_nccl_tests():
+    assert [size_label(n) for n in (1024, 65536, 67108864, 2**30, 1000)] == ["1K", "64K", "64M", "1G", "1000"]
+
+
+def test_points_land_where_the_axes_say():
+    # default 720x320 with margins 70/20/20/50: the plot is x 70..700, y 20..270
+    svg = line_chart([Series("a", ((0.0, 0.0), (10.0, 5.0)))], title="t", x_label="x", y_label="y")
+    (points,) = re.findall(r'points="([^"]+)"', svg)
+    assert points == "70.0,270.0 700.0,20.0"
+
+
+def test_log2_axis_puts_each_doubling_one_step_further():
+    svg = line_chart([Series("bw", ((1024.0, 1.0), (2048.0, 1.0), (4096.0, 1.0)))], title="t", x_label="x",
+                     y_label="y", log2_x=True, y_from_zero=True)
+    (points,) = re.findall(r'points="([^"]+)"', svg)
+    assert [p.split(",")[0] for p in points.split()] == ["70.0", "385.0", "700.0"]
+    assert ">1K<" in svg and ">2K<" in svg and ">4K<" in svg
+
+
+def test_chart_without_points_is_refused():
+    with pytest.raises(ValueError, match="no points"):
+        line_chart([Series("a", ())], title="empty", x_label="x", y_label="y")
+
+
+def test_page_has_every_plot_and_no_script(tmp_path):
+    page, _ = report_html(write_run(tmp_path))
+    plots = re.findall(r'data-plot="([^"]+)"', page)
+    assert plots == ["loss", "step-time", "skew", "busbw", "utilization_ratio", "power_watts", "memory_used_bytes"]
+    assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "25.0 %" in page  # the collective time share, 4 s of 16 s
+    assert 'data-missing="temperature_celsius"' in page
+
+
+def test_missing_parts_say_not_recorded(tmp_path):
+    page = render(build(load_run(tmp_path)), str(tmp_path))
+    missing = re.findall(r'data-missing="([^"]+)"', page)
+    assert missing == ["loss", "step_time", "skew", "comm", "bench", "device"]
+    assert "<svg" not in page
+
+
+def test_problems_are_shown_and_text_is_escaped(tmp_path):
+    run_dir = write_run(tmp_path / "<b>run</b>", bad_lines=True)
+    page, data = report_html(run_dir)
+    assert len(data.problems) == 2
+    assert 'class="problems" data-count="2"' in page
+    assert "<b>run</b>" not in page and "&lt;b&gt;run&lt;/b&gt;" in page

@@ -1,0 +1,73 @@
+"""The whole path: a real 2-rank training job and a bench run record into one run directory, `npudist
+report` renders it, headless Chromium screenshots the page and shows it has its plots and no console errors."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, run_npudist
+from tests.report.runs import write_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+          "--enable-logging=stderr", "--v=0"]
+
+
+def test_cli_names_a_missing_run_dir(tmp_path):
+    proc = run_npudist(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "r.html")])
+    message = " ".join(proc.stderr.split())  # rich wraps long lines
+    assert proc.returncode == 2
+    assert "missing' does not exist" in message and "pass the --run-dir" in message
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_cli_writes_the_page_and_counts_skipped_lines(tmp_path):
+    out = tmp_path / "out" / "report.html"
+    proc = run_npudist(["report", str(write_run(tmp_path / "run", bad_lines=True)), "-o", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert "2 unusable record(s) skipped" in " ".join(proc.stderr.split())
+    assert out.read_text().count("<svg") == 7
+
+
+def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHROMIUM, *_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args], text=True,
+                          capture_output=True, timeout=90, check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)")
+def test_training_run_report_renders_in_chromium(tmp_path):
+    run_dir = tmp_path / "run"
+    train = [str(REPO / "examples" / "train_ddp.py"), "--run-dir", str(run_dir), "--log-every", "5",
+             "--checkpoint-every", "10"]
+    # 20 steps (one skew exchange), then a resumed run to 25 that appends to the same logs
+    for steps in ("20", "25"):
+        proc = run_npudist(["launch", "--nproc-per-node", "2", *train, "--steps", steps], timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_npudist(["bench", "collective", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "8K", "--blocks",
+                        "1", "--iters", "2", "--out", str(run_dir / "bench" / "all_reduce.json")], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = tmp_path / "report.html"
+    proc = run_npudist(["report", str(run_dir), "-o", str(html)])
+    assert proc.returncode == 0, proc.stderr
+    page = html.read_text()
+    assert "0 unusable record(s) skipped" in " ".join(proc.stderr.split())
+    assert re.search(r"<td[^>]*>run segments \(starts incl\. resumes\)</td><td[^>]*>2</td>", page)
+    assert re.search(r"<td[^>]*>last logged step</td><td[^>]*>25</td>", page)
+
+    dom = _chromium(["--dump-dom", html.as_uri()], tmp_path)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    plots = re.findall(r'data-plot="([^"]+)" data-series="(\d+)"', dom.stdout)
+    # loss and step time: one series per rank; skew: one; busbw: the one bench file
+    assert ("loss", "2") in plots and ("step-time", "2") in plots
+    assert ("skew", "1") in plots and ("busbw", "1") in plots
+    shot = tmp_path / "shot.png"
+    run = _chromium([f"--screenshot={shot}", "--window-size=1280,2000", html.as_uri()], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    for output in (dom.stderr, run.stderr):
+        console = [line for line in output.splitlines() if re.search(r"CONSOLE|Uncaught|Refused to", line)]
+        assert console == []
