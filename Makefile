@@ -1,18 +1,24 @@
 # The two commands at the top of README.md. Both do their own set-up on a fresh machine.
 PYTHON ?= python3
 STEPS ?= 100
+METRICS_PORT ?= 9500
+RUN_DIR ?= runs/demo
 
 .PHONY: setup demo test lint
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
+# Telemetry on: each rank serves Prometheus metrics on 127.0.0.1:$(METRICS_PORT)+local_rank while it
+# trains, the targets file lists them, and the run directory gets checkpoints and the run log.
 demo: setup
-	$(PYTHON) -m npudist launch --nproc-per-node 2 examples/train_ddp.py --steps $(STEPS)
+	$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
+		--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(STEPS) --run-dir $(RUN_DIR)
+	$(PYTHON) -m npudist report $(RUN_DIR) -o $(RUN_DIR)/report.html
 
 test: setup
-	$(PYTHON) -m ruff check src tests examples
+	$(PYTHON) -m ruff check src tests examples benchmarks
 	$(PYTHON) -m pytest -q
 
 lint:
-	$(PYTHON) -m ruff check src tests examples
+	$(PYTHON) -m ruff check src tests examples benchmarks

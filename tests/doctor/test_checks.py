@@ -159,7 +159,8 @@ def test_a_crashing_check_becomes_a_failed_result(monkeypatch):
 ISSUE_CHECKS = {"python", "torch", "accelerator:npu", "accelerator:cuda", "accelerator:mlu", "accelerator:rknpu",
                 "accelerator:cpu", "tool:npu-smi", "tool:nvidia-smi", "tool:cnmon", "ascend-env", "backends",
                 "shm", "open-files", "master-addr", "master-port", "torch-npu-version", "network-interfaces",
-                "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "processes:npu-smi", "processes:nvidia-smi"}
+                "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "processes:npu-smi", "processes:nvidia-smi",
+                "comm-constraints", "flight-recorder:nccl", "flight-recorder:hccl"}
 
 
 def test_doctor_json_document_names_every_check():
@@ -230,3 +231,14 @@ def test_flight_recorder_on_an_npu_host_without_tracing_warns_with_the_variables
     by = {c["name"]: c for c in json.loads(run_npudist(["doctor", "--json"], env=env).stdout)["checks"]}
     assert by["flight-recorder:hccl"]["status"] == "ok" and "TORCH_HCCL_DUMP_ON_TIMEOUT" in by[
         "flight-recorder:hccl"]["finding"]
+
+
+def test_comm_constraints_show_the_active_profile():
+    strict = checks.comm_constraints(_host(env={"NPUDIST_COMM_PROFILE": "hccl-strict"}))
+    assert strict.status == OK and "name: hccl-strict" in strict.finding
+    assert "element_multiple: 128" in strict.finding and "alignment_bytes: 128" in strict.finding
+    assert "forced by NPUDIST_COMM_PROFILE" in strict.finding
+    plain = checks.comm_constraints(_host(env={}))
+    assert "name: gloo" in plain.finding  # the CPU accelerator's backend
+    bad = checks.comm_constraints(_host(env={"NPUDIST_COMM_PROFILE": "nccl-fast"}))
+    assert bad.status == FAIL and "hccl-strict" in bad.fix

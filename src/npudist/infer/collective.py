@@ -1,9 +1,5 @@
-"""The one place npudist.infer talks to other ranks.
-
-Uses the collectives issue's ``npudist.comm.all_reduce`` when it is importable (it knows which devices
-must stage through host memory); until then, torch.distributed with the same staging rule. After the
-merge the fallback branch can go.
-"""
+"""The one place npudist.infer talks to other ranks: npudist.comm.all_reduce, which stages through
+host memory where the device requires it (RK3588) and adapts to the backend's constraints."""
 
 from __future__ import annotations
 
@@ -27,20 +23,7 @@ def _all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         raise ValueError(f"all_reduce op {op!r}: choose one of {', '.join(_OPS)}")
     if world()[1] == 1:
         return tensor
-    try:
-        from npudist.comm import all_reduce  # type: ignore[import-not-found]
-    except ImportError:
-        all_reduce = None
-    if all_reduce is not None:
-        out = all_reduce(tensor, op=op)
-        return out if isinstance(out, torch.Tensor) else tensor
-    from npudist.accelerators import accelerator
+    from npudist.comm import all_reduce
 
-    # RK3588 has no collective library (vendor row stage_through_cpu); gloo reduces host memory only.
-    if tensor.device.type != "cpu" and (accelerator().stage_through_cpu or dist.get_backend() == "gloo"):
-        host = tensor.cpu()
-        dist.all_reduce(host, op=_OPS[op])
-        tensor.copy_(host)
-        return tensor
-    dist.all_reduce(tensor, op=_OPS[op])
+    all_reduce(tensor, op=op)
     return tensor
