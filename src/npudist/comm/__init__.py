@@ -5,7 +5,7 @@ from npudist.comm.collectives import Handle, all_gather, all_reduce, broadcast, 
 from npudist.comm.constraints import PROFILE_VAR, PROFILES, Constraints, constraints, describe, profile
 from npudist.comm.context import set_debug, set_profile
 from npudist.comm.handshake import MismatchError
-from npudist.comm.stats import DURATION_BUCKETS, CommStats, OpStats, reset_stats, stats
+from npudist.comm.stats import DURATION_BUCKETS, CommStats, OpStats, reset_stats, set_recording, stats
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -27,5 +27,6 @@ __all__ = [
     "reset_stats",
     "set_debug",
     "set_profile",
+    "set_recording",
     "stats",
 ]
