@@ -76,6 +76,7 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
+    dist.barrier()  # both ranks reach teardown together (a gloo teardown race aborted one rank otherwise)
     npudist.shutdown()
 
 
