@@ -6,7 +6,7 @@ from npudist.comm.collectives import Handle
 from npudist.comm.constraints import PROFILE_VAR, PROFILES, Constraints, constraints, describe, profile
 from npudist.comm.context import set_debug, set_profile
 from npudist.comm.handshake import MismatchError
-from npudist.comm.stats import DURATION_BUCKETS, CommStats, OpStats, reset_stats, stats
+from npudist.comm.stats import DURATION_BUCKETS, CommStats, OpStats, reset_stats, set_recording, stats
 from npudist.comm.watchdog import CollectiveHangError, set_run_dir, watched
 
 # The public collectives are numbered and watched, so a hang names the rank that never arrived.
@@ -37,6 +37,7 @@ __all__ = [
     "reset_stats",
     "set_debug",
     "set_profile",
+    "set_recording",
     "set_run_dir",
     "stats",
 ]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from npudist.comm import context, handshake
+from npudist.comm import context, handshake, pipeline
 from npudist.comm.buffers import BufferPool, Lease, aligned_empty, pinning_available
 from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
 from npudist.comm.stats import RECORDER
@@ -31,6 +31,7 @@ POOL = BufferPool()
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _CPU = torch.device("cpu")
+_clock = time.perf_counter
 
 
 def _check_op(op: str) -> object:
@@ -56,7 +57,8 @@ class Handle:
     def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
                  ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
                  record: bool = True) -> None:
-        self._work, self._finish, self.result, self._record = work, finish, result, record
+        self._work, self._finish, self.result = work, finish, result
+        self._record = record and RECORDER.enabled
         self._op, self._backend, self._nbytes = op, ctx.backend, nbytes
         self._kinds, self._start = kinds, start
         self._sync = ctx.device_type if ctx.sync_timing else None
@@ -86,15 +88,15 @@ class Handle:
             if self._record:
                 RECORDER.inflight(self._op, self._backend, -1)
         if self._record:
-            _record(self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync)
+            _record_done(self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync)
         return True
 
 
-def _record(op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
-            sync: str | None) -> None:
+def _record_done(op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
+                 sync: str | None) -> None:
     if sync is not None and sync != "cpu":
         getattr(torch, sync).synchronize()
-    RECORDER.record(op, backend, nbytes, time.perf_counter() - start, kinds)
+    RECORDER.record(op, backend, nbytes, _clock() - start, kinds)
 
 
 def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: Callable[[], None] | None,
@@ -105,8 +107,8 @@ def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: C
     # A synchronous call is finished here; it never counts as in flight.
     if finish is not None:
         finish()
-    if record:
-        _record(op, ctx.backend, nbytes, start, kinds, ctx.device_type if ctx.sync_timing else None)
+    if record and RECORDER.enabled:
+        _record_done(op, ctx.backend, nbytes, start, kinds, ctx.device_type if ctx.sync_timing else None)
     return result
 
 
@@ -132,17 +134,22 @@ def _debug(op: str, t: torch.Tensor, group: object | None, ctx: context.GroupCon
 def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
                async_op: bool = False, *, _record: bool = True) -> torch.Tensor | Handle:
     """Reduce ``t`` across ranks in place and return it (or a Handle when ``async_op``)."""
-    start = time.perf_counter()
+    start = _clock()
     ctx = context.get(group)
     c = ctx.constraints
     native = _check_op(op)
     _check_tensor("all_reduce", t)
-    n = t.numel()
-    if (t.dtype in c.native_dtypes(op) and not ctx.debug and c.device_tensors and c.element_multiple == 1
-            and c.alignment_bytes == 1 and (not c.contiguous or t.is_contiguous())):
-        # Fast path: nothing to adapt, hand the tensor straight to torch.distributed.
+    if t.dtype in ctx.fast_reduce.get(op, ()) and (not c.contiguous or t.is_contiguous()):
+        # Fast path: nothing to adapt, hand the tensor straight to torch.distributed. Kept to a set
+        # lookup, the call and a few integer adds: it is the whole cost of small one-by-one reductions.
         work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
-        return _complete("all_reduce", ctx, work, None, t, n * t.element_size(), (), start, async_op, _record)
+        if async_op:
+            return Handle(work, None, t, "all_reduce", ctx, t.numel() * t.element_size(), (), start, _record)
+        if _record and RECORDER.enabled:
+            _record_done("all_reduce", ctx.backend, t.numel() * t.element_size(), start, (),
+                         ctx.device_type if ctx.sync_timing else None)
+        return t
+    n = t.numel()
     plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, backend=ctx.backend)
     if ctx.debug:
         _debug("all_reduce", t, group, ctx)
@@ -157,6 +164,13 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
         return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
     lease = _lease(plan, plan.padded_chunk, t.device, ctx)
     buf = lease.tensor
+    if pipeline.eligible(plan, t, nbytes, async_op):
+        try:
+            unit = pipeline.chunk_unit(c.element_multiple, c.alignment_bytes, buf.element_size())
+            pipeline.all_reduce_chunked(t, buf, op, native, plan, group, world, unit)
+        finally:
+            POOL.release(lease)
+        return _complete("all_reduce", ctx, None, None, t, nbytes, plan.kinds, start, False, _record)
     body = buf[:n]
     body.view(t.shape).copy_(t)
     if plan.padded_chunk != n:
@@ -175,7 +189,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
 def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
               async_op: bool = False) -> torch.Tensor | Handle:
     """Overwrite ``t`` on every rank with rank ``src``'s tensor (global rank, as torch.distributed)."""
-    start = time.perf_counter()
+    start = _clock()
     ctx = context.get(group)
     c = ctx.constraints
     _check_tensor("broadcast", t)
@@ -212,7 +226,7 @@ def _output(numel: int, dtype: torch.dtype, device: torch.device, alignment: int
 
 def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = False) -> torch.Tensor | Handle:
     """Every rank's ``t`` stacked: a new tensor of shape ``[world, *t.shape]``."""
-    start = time.perf_counter()
+    start = _clock()
     ctx = context.get(group)
     c = ctx.constraints
     _check_tensor("all_gather", t)
@@ -250,7 +264,7 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
 def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None,
                    async_op: bool = False) -> torch.Tensor | Handle:
     """Reduce ``t`` across ranks and return this rank's slice of dim 0 (``t.shape[0] // world`` rows)."""
-    start = time.perf_counter()
+    start = _clock()
     ctx = context.get(group)
     c = ctx.constraints
     native = _check_op(op)

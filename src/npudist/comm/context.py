@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from npudist.comm import constraints as _constraints
@@ -30,6 +31,23 @@ class GroupContext:
     sync_timing: bool
     device_type: str
     """Device type of the accelerator in use (for synchronising before timing)."""
+    fast_reduce: dict[str, frozenset[torch.dtype]]
+    """Reduce op -> dtypes all_reduce hands straight to torch.distributed (given a contiguous tensor where
+    the row asks for one): worked out once here so the per-call check is one set lookup."""
+
+
+def _fast_reduce(c: Constraints, debug: bool) -> dict[str, frozenset[torch.dtype]]:
+    if debug or not c.device_tensors or c.element_multiple != 1 or c.alignment_bytes != 1:
+        return {}
+    return {op: c.native_dtypes(op) for op in _constraints.REDUCE_OPS}
+
+
+def _default_group() -> object | None:
+    """The default process group, or None; the cheap way where torch has it (called on every collective)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "default_pg"):
+        return world.default_pg
+    return dist.group.WORLD if dist.is_initialized() else None
 
 
 _cache: dict[object, GroupContext] = {}
@@ -51,7 +69,7 @@ def set_profile(name: str | None) -> None:
 
 def get(group: object | None) -> GroupContext:
     """The cached context of ``group`` (None: the default group); RuntimeError before init()."""
-    key = group if group is not None else dist.group.WORLD
+    key = group if group is not None else _default_group()
     ctx = _cache.get(key)
     if ctx is not None:
         return ctx
@@ -65,14 +83,16 @@ def get(group: object | None) -> GroupContext:
     debug = _debug_override
     if debug is None:
         debug = os.environ.get(DEBUG_VAR, "").strip().lower() in _TRUE
+    c = _constraints.constraints(group)
     ctx = GroupContext(
         backend=str(dist.get_backend(group)),
         world=dist.get_world_size(group),
         rank=dist.get_rank(group),
-        constraints=_constraints.constraints(group),
+        constraints=c,
         debug=debug,
         sync_timing=os.environ.get(SYNC_VAR, "").strip().lower() in _TRUE,
         device_type=accelerator().device_type,
+        fast_reduce=_fast_reduce(c, debug),
     )
     _cache[key] = ctx
     return ctx

@@ -1,8 +1,10 @@
 """Per-(op, backend) accounting of collectives, read as an immutable snapshot by the exporter.
 
-Recording is a few integer additions under an uncontended lock: no device synchronisation, so the
-durations are host wall time (issue to return, or issue to ``wait()`` for async calls) unless
-``NPUDIST_COMM_SYNC_TIMING=1`` asks the collectives to synchronise the device before stopping the clock.
+Recording a finished call is a few integer additions without a lock (collectives on one group are
+issued from one thread, as in torch; in-flight counts, touched from ``wait()`` in any thread, keep the
+lock). No device synchronisation, so the durations are host wall time (issue to return, or issue to
+``wait()`` for async calls) unless ``NPUDIST_COMM_SYNC_TIMING=1`` asks the collectives to synchronise the
+device before stopping the clock. ``set_recording(False)`` turns recording off (benchmark baseline).
 """
 
 from __future__ import annotations
@@ -65,29 +67,43 @@ class Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, str], _Counter] = {}
+        self.enabled = True
+        """False: record() and inflight() do nothing (the collectives also skip timing)."""
 
     def _counter(self, op: str, backend: str) -> _Counter:
         c = self._counters.get((op, backend))
         if c is None:
-            c = self._counters[(op, backend)] = _Counter()
+            with self._lock:
+                c = self._counters.get((op, backend))
+                if c is None:
+                    c = self._counters[(op, backend)] = _Counter()
         return c
 
     def record(self, op: str, backend: str, nbytes: int, seconds: float,
                kinds: tuple[str, ...] | list[str] = ()) -> None:
-        """One finished call: its payload bytes, wall time and the adaptations it needed."""
-        index = bisect.bisect_left(DURATION_BUCKETS, seconds)
-        with self._lock:
-            c = self._counter(op, backend)
-            c.calls += 1
-            c.bytes += nbytes
-            c.duration_sum += seconds
-            c.buckets[index] += 1
+        """One finished call: its payload bytes, wall time and the adaptations it needed.
+
+        On the hot path of every collective, so no lock: snapshot() derives the histogram count from the
+        buckets, which keeps a snapshot taken mid-update self-consistent.
+        """
+        if not self.enabled:
+            return
+        c = self._counters.get((op, backend)) or self._counter(op, backend)
+        c.calls += 1
+        c.bytes += nbytes
+        c.duration_sum += seconds
+        c.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        if kinds:
+            adaptations = c.adaptations
             for kind in kinds:
-                c.adaptations[kind] += 1
+                adaptations[kind] += 1
 
     def inflight(self, op: str, backend: str, delta: int) -> None:
+        if not self.enabled:
+            return
+        c = self._counter(op, backend)
         with self._lock:
-            self._counter(op, backend).inflight += delta
+            c.inflight += delta
 
     def snapshot(self) -> CommStats:
         with self._lock:
@@ -95,11 +111,11 @@ class Recorder:
             out = []
             for (op, backend), c in items:
                 cumulative, running = [], 0
-                for bound, n in zip(DURATION_BUCKETS, c.buckets, strict=True):
+                for bound, n in zip(DURATION_BUCKETS, list(c.buckets), strict=True):
                     running += n
                     cumulative.append((bound, running))
                 out.append(OpStats(op=op, backend=backend, calls=c.calls, bytes=c.bytes,
-                                   duration_sum_seconds=c.duration_sum, duration_count=c.calls,
+                                   duration_sum_seconds=c.duration_sum, duration_count=running,
                                    duration_buckets=tuple(cumulative), inflight=c.inflight,
                                    adaptations=dict(c.adaptations)))
         return CommStats(ops=tuple(out))
@@ -122,6 +138,11 @@ RECORDER = Recorder()
 def stats() -> CommStats:
     """Immutable snapshot of every collective recorded in this process."""
     return RECORDER.snapshot()
+
+
+def set_recording(on: bool) -> None:
+    """Turn the accounting of collectives on or off in-process (on by default)."""
+    RECORDER.enabled = bool(on)
 
 
 def reset_stats() -> None:

@@ -153,7 +153,7 @@ class StepTimer:
         try:
             prof.__exit__(None, None, None)
             if feed:
-                for op, seconds in opprof.op_durations(prof.events()):
+                for op, seconds in opprof.profiled_op_durations(prof, self.device_type):
                     self.metrics.observe_op(op, seconds)
         except Exception as exc:
             log.warning("operator timing for step %d failed: %s", self.steps_done + 1, exc)
