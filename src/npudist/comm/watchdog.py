@@ -84,6 +84,8 @@ class Watchdog:
         self.run_dir: str | None = os.environ.get(RUN_DIR_VAR) or None
 
     def _ensure(self) -> Record | None:
+        if os.environ.get("NPUDIST_WATCHDOG_OFF"):
+            return None
         if self.record is None:
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return None

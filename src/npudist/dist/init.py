@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,6 +15,7 @@ import torch.distributed as dist
 from npudist.accelerators import Accelerator, accelerator
 from npudist.dist.env import RankInfo, rank_info
 
+log = logging.getLogger("npudist.dist")
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_VAR = "NPUDIST_TIMEOUT"
 
@@ -147,9 +150,26 @@ def context() -> DistContext | None:
     return _context if dist.is_available() and dist.is_initialized() else None
 
 
+SHUTDOWN_BARRIER_S = 30.0
+
+
 def shutdown() -> None:
-    """Destroy the process group; safe to call twice or without init()."""
+    """Destroy the process group; safe to call twice or without init().
+
+    Ranks first meet at a barrier (bounded, and skipped while an exception is propagating, when a
+    peer may be gone): gloo can abort a process ("terminate called without an active exception")
+    when one rank tears its group down while a peer's last collective is still in flight.
+    """
     global _context
     _context = None
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if sys.exc_info()[0] is None and dist.get_world_size() > 1:
+        try:
+            if str(dist.get_backend()) == "gloo":
+                dist.monitored_barrier(timeout=timedelta(seconds=SHUTDOWN_BARRIER_S))
+            else:
+                dist.barrier()
+        except Exception as exc:  # a peer that already left must not turn shutdown into an error
+            log.debug("shutdown barrier failed: %s", exc)
+    dist.destroy_process_group()
