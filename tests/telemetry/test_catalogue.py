@@ -6,7 +6,7 @@ import pytest
 from npudist.telemetry import catalogue
 from npudist.telemetry.catalogue import CATALOGUE, MetricDef, family, markdown_table, problems, validate
 
-NOTES = Path(__file__).resolve().parents[2] / "docs" / "notes-telem-exp.md"
+NOTES = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_catalogue_follows_the_naming_rules():
@@ -68,6 +68,6 @@ def test_markdown_table_has_one_row_per_metric():
 def test_notes_table_is_generated_from_the_catalogue():
     text = NOTES.read_text()
     begin, end = "<!-- metric-table:begin -->\n", "<!-- metric-table:end -->"
-    assert begin in text and end in text, "docs/notes-telem-exp.md lost its metric-table markers"
+    assert begin in text and end in text, "docs/telemetry-exporter.md lost its metric-table markers"
     table = text.split(begin, 1)[1].split(end, 1)[0]
     assert table == markdown_table(), "regenerate with: python -m npudist.telemetry.catalogue"

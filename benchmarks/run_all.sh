@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every benchmark behind a README table, one after another, each output saved under OUT (default
+# bench-results/). Run on a quiet machine: each table is a ratio against a baseline measured in the
+# same run, but neighbours' load still widens the spread.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench-results}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+run() {
+  local name=$1; shift
+  echo "== $name: $*" | tee "$OUT/$name.txt"
+  timeout 1200 "$@" 2>&1 | tee -a "$OUT/$name.txt"
+}
+run allreduce python -m npudist bench collective --op all_reduce --nproc 2 --min-bytes 1M --max-bytes 64M \
+  --dtype float32 --baseline
+run strict python -m npudist bench collective --op all_reduce --nproc 2 --min-bytes 16M --max-bytes 16M \
+  --dtype bfloat16 --profile hccl-strict --odd --baseline --baseline-dtype float32
+run bucketing python -m npudist launch --nproc-per-node 2 benchmarks/bucketing.py --blocks 3 --iters 30
+run comm_overhead python -m npudist launch --nproc-per-node 2 benchmarks/comm_overhead.py --samples 60
+run telemetry_overhead python benchmarks/telemetry_overhead.py --pairs 4 --steps 200
+run scrape_latency python benchmarks/scrape_latency.py --seconds 5
+run fault_tolerance python benchmarks/fault_tolerance.py --repeats 3
+run ops_infer python benchmarks/bench_ops_infer.py
