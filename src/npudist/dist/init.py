@@ -136,6 +136,9 @@ def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
         addr, port = _rendezvous_address(info)
         where = f"{addr}:{port}"
         kwargs = {"init_method": f"tcp://{addr}:{port}", "rank": info.rank, "world_size": info.world_size}
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        kwargs = {"store": _attempt_store(info, timeout), "rank": info.rank, "world_size": info.world_size}
     else:
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         kwargs = {"init_method": "env://"}
@@ -143,6 +146,23 @@ def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
         dist.init_process_group(backend, timeout=timeout, **kwargs)
     except (RuntimeError, ValueError, OSError) as exc:
         raise _explain(exc, info, where, timeout) from exc
+
+
+def _attempt_store(info: RankInfo, timeout: timedelta) -> dist.Store:
+    """The agent's store, with this restart attempt's own key space.
+
+    torchrun's static rendezvous keeps one TCPStore across restarts while env:// assumes a new one
+    per attempt, so after a restart gloo can read the dead workers' addresses ("Connection refused",
+    or a hang until the timeout). Prefixing the keys with the restart count gives every attempt
+    fresh ones.
+    """
+    try:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise DistInitError(f"rank {info.rank}: cannot reach torchrun's store at MASTER_ADDR/MASTER_PORT: {exc}") \
+            from exc
+    return dist.PrefixStore(f"npudist/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def context() -> DistContext | None:
