@@ -93,6 +93,15 @@ def test_two_agents_rendezvous_over_c10d_and_train_together(tmp_path):
     assert joined.count("done steps=20") == 2  # one worker per agent, both finished
 
 
+def _store_host(agents: list[subprocess.Popen], port: int) -> int:
+    """Index of the agent that serves the c10d rendezvous store (the first to bind the endpoint)."""
+    for i, agent in enumerate(agents):
+        for proc in [psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)]:
+            if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in proc.net_connections("tcp")):
+                return i
+    raise AssertionError(f"no agent listens on the rendezvous port {port}")
+
+
 def test_elastic_job_survives_a_node_leaving(tmp_path):
     port = _free_port()
     steps = 200
@@ -101,26 +110,25 @@ def test_elastic_job_survives_a_node_leaving(tmp_path):
     agents = [_agent(port, "1:2", tmp_path / "run", steps, conf, log=log) for log in logs]
     try:
         # Wait until both nodes trained together for a while (only rank 0's agent logs steps).
-        owner = None
         deadline = time.monotonic() + 120
-        while owner is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not any(
+                re.search(r"^step=(1[5-9]|[2-9]\d) .*world=2", log.read_text(), re.MULTILINE) for log in logs):
             time.sleep(0.2)
-            for i, log in enumerate(logs):
-                if re.search(r"^step=(1[5-9]|[2-9]\d) .*world=2", log.read_text(), re.MULTILINE):
-                    owner = i
-        assert owner is not None, "no two-node training step was logged:\n" + logs[0].read_text()[-2000:]
-        victim = agents[1 - owner]
+        # The node that serves the rendezvous store must stay (torchrun's c10d rendezvous lives in it);
+        # the other node leaves.
+        survivor = _store_host(agents, port)
+        victim = agents[1 - survivor]
         for p in [*psutil.Process(victim.pid).children(recursive=True), psutil.Process(victim.pid)]:
             p.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
-        killed_at = len(logs[owner].read_text())
-        agents[owner].wait(timeout=300)
+        killed_at = len(logs[survivor].read_text())
+        agents[survivor].wait(timeout=300)
     finally:
         for a in agents:
             a.kill()
-    output = logs[owner].read_text()
+    output = logs[survivor].read_text()
     rest = output[killed_at:]
-    assert agents[owner].returncode == 0, output[-4000:]
+    assert agents[survivor].returncode == 0, output[-4000:]
     assert re.search(r"^step=\d+ .*world=1 ", rest, re.MULTILINE), rest[-3000:]  # continued alone
     assert RESUMED.search(rest) and f"final step={steps} " in output
 
