@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import math
 import time
 
@@ -135,9 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     per_rank = args.global_batch_size // ctx.world_size
     torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
     model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation).to(ctx.device)
-    # broadcast_buffers=False: the only buffer is the constant causal mask, and a per-step buffer
-    # broadcast would be a hidden collective where fast ranks wait for slow ones.
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None, broadcast_buffers=False)
+    # No per-step buffer sync: the only buffer is the constant causal mask, and a per-step broadcast
+    # would be a hidden collective where fast ranks wait for slow ones. torch 2.13 renamed the option.
+    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else {"broadcast_buffers": False})
+    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None, **no_sync)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0

@@ -141,7 +141,7 @@ class StepTimer:
     def _maybe_start_profiler(self, next_step: int) -> None:
         if self.op_every and next_step % self.op_every == 0 and self._prof is None:
             try:
-                self._prof = opprof.start_profiler(self.device_type)
+                self._prof = opprof.start_op_timer(self.device_type)
             except Exception as exc:  # the profiler is optional telemetry: never break training over it
                 log.warning("operator timing disabled: torch.profiler failed to start: %s", exc)
                 self.op_every = 0
