@@ -82,6 +82,12 @@ def _explain(exc: Exception, info: RankInfo, where: str, timeout: timedelta) -> 
             "rank holds it). Pick a free port (MASTER_PORT / --master-port) or stop the process holding it "
             f"(`ss -ltnp | grep {where.rsplit(':', 1)[-1]}`). Original error: {text}"
         )
+    if "connection refused" in text.lower():
+        return DistInitError(
+            f"rank {info.rank} of {info.world_size}: a peer refused the connection while joining at {where}: "
+            "that rank died or was restarted after publishing its address. Check the other ranks' logs; "
+            f"under torchrun, restarts get fresh addresses on the next attempt. Original error: {text}"
+        )
     if "timed out" in text.lower() or "timeout" in text.lower():
         joined = re.search(r"(\d+)/(\d+) clients joined", text)
         seen = f" ({joined.group(1)} of {joined.group(2)} ranks joined)" if joined else ""
