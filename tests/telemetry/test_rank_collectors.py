@@ -1,9 +1,9 @@
 import math
 import sys
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from npudist.comm.stats import CommStats, OpStats
 from npudist.telemetry.allocator import AllocatorCollector, fragmentation
 from npudist.telemetry.collectives import CommCollector, histogram_buckets
 from npudist.telemetry.health import CollectorHealth
@@ -50,26 +50,8 @@ def test_allocator_failure_is_counted_not_raised():
     assert health.errors("allocator") == {"error": 1}
 
 
-# Mirrors the snapshot npudist.comm.stats() returns (the collectives issue), written out by hand.
+# Snapshots shaped as npudist.comm.stats() returns them, with values written by hand.
 INF = float("inf")
-
-
-@dataclass(frozen=True)
-class OpStats:
-    op: str
-    backend: str
-    calls: int
-    bytes: int
-    duration_sum_seconds: float
-    duration_count: int
-    duration_buckets: tuple
-    inflight: int
-    adaptations: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CommStats:
-    ops: tuple
 
 
 ALL_REDUCE = OpStats("all_reduce", "gloo", 200, 200 * 4096, 0.06, 200,
@@ -95,8 +77,8 @@ def test_comm_collector_exports_the_snapshot():
 
 def test_comm_collector_skips_malformed_ops_and_counts_them():
     health = CollectorHealth()
-    not_cumulative = OpStats("broadcast", "gloo", 2, 8, 0.1, 2, ((0.1, 2), (INF, 1)), 0)
-    no_inf = OpStats("barrier", "gloo", 1, 0, 0.1, 1, ((0.1, 1),), 0)
+    not_cumulative = OpStats("broadcast", "gloo", 2, 8, 0.1, 2, ((0.1, 2), (INF, 1)), 0, {})
+    no_inf = OpStats("barrier", "gloo", 1, 0, 0.1, 1, ((0.1, 1),), 0, {})
     fams = _text(CommCollector(health, RANK, stats=lambda: CommStats((not_cumulative, ALL_REDUCE, no_inf))))
     ops = {dict(k)["op"] for k in samples(fams, "npudist_collective_calls", "npudist_collective_calls_total")}
     assert ops == {"all_reduce"}
