@@ -122,6 +122,17 @@ def _strip_ours(tokens: list[str]) -> list[str]:
     return out
 
 
+SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""Set for dynamic (c10d, etcd) rendezvous unless the user set it.
+
+With the shared store, torchrun builds the workers' store address once per agent: after a node
+rejoins an elastic job, the new agent (rank 0 or not) and the old ones point their workers at
+different stores, or the newcomer waits for an address nobody publishes, and the job splits or
+hangs. Without sharing, every rendezvous round gets a fresh store from its rank 0, so no round can
+read the previous one's keys either.
+"""
+
+
 def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> LaunchPlan:
     """Turn `npudist launch` arguments into what to run, without running anything."""
     if not argv:
@@ -147,7 +158,10 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
             f"--master-port {ns.master_port} is already in use on this host (another job or a stale rank). "
             "Choose a free port or stop the process holding it."
         )
-    return _with_metrics(LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc), ns, env)
+    the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc)
+    if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
+        the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
+    return _with_metrics(the_plan, ns, env)
 
 
 def _with_metrics(the_plan: LaunchPlan, ns: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:

@@ -73,13 +73,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _agent(port: int, nnodes: str, run_dir, steps: int, extra_conf: str = "", log=None) -> subprocess.Popen:
+def _agent(port: int, nnodes: str, run_dir, steps: int, extra_conf: str = "", log=None,
+           extra_args: tuple[str, ...] | list[str] = ()) -> subprocess.Popen:
     conf = "join_timeout=60,last_call_timeout=2,close_timeout=5" + extra_conf
     out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 - the child owns it
     return subprocess.Popen(
         [sys.executable, "-m", "npudist", "launch", "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend",
          "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "npudist-test", "--rdzv-conf", conf,
-         "--max-restarts", "3", "--monitor-interval", "0.5", *_train_args(run_dir, steps, 5)],
+         "--max-restarts", "3", "--monitor-interval", "0.5", *_train_args(run_dir, steps, 5), *extra_args],
         cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
@@ -102,18 +103,29 @@ def _store_host(agents: list[subprocess.Popen], port: int) -> int:
     raise AssertionError(f"no agent listens on the rendezvous port {port}")
 
 
-def test_elastic_job_survives_a_node_leaving(tmp_path):
+def _wait_for(pattern: str, logs: list, offsets: list[int], what: str, timeout: float = 120) -> None:
+    """Until a line matching pattern appears in any log after its offset."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(re.search(pattern, log.read_text()[off:], re.MULTILINE) for log, off in zip(logs, offsets, strict=True)):
+            return
+        time.sleep(0.2)
+    tails = "\n".join(f"--- {log.name}\n{log.read_text()[off:][-2500:]}"
+                      for log, off in zip(logs, offsets, strict=True))
+    raise AssertionError(f"timed out waiting for {what}\n{tails}")
+
+
+def test_elastic_job_survives_a_node_leaving_and_takes_it_back(tmp_path):
     port = _free_port()
-    steps = 200
-    conf = ",keep_alive_interval=1,keep_alive_max_attempt=2"
-    logs = [tmp_path / "agent0.log", tmp_path / "agent1.log"]
-    agents = [_agent(port, "1:2", tmp_path / "run", steps, conf, log=log) for log in logs]
+    steps = 600
+    # A dead node is noticed after 2 s x 5 missed heartbeats; shorter settings let a busy 2-core machine
+    # starve a live agent's heartbeat, and a newcomer then finds no participants and starts a job of its own.
+    conf = ",keep_alive_interval=2,keep_alive_max_attempt=5"
+    slow = ["--slow-rank", "0", "--slow-ms", "20"]  # keeps the job running while nodes come and go
+    logs = [tmp_path / f"agent{i}.log" for i in range(3)]
+    agents = [_agent(port, "1:2", tmp_path / "run", steps, conf, log=log, extra_args=slow) for log in logs[:2]]
     try:
-        # Wait until both nodes trained together for a while (only rank 0's agent logs steps).
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-                re.search(r"^step=(1[5-9]|[2-9]\d) .*world=2", log.read_text(), re.MULTILINE) for log in logs):
-            time.sleep(0.2)
+        _wait_for(r"^step=(1[5-9]|[2-9]\d) .*world=2", logs[:2], [0, 0], "two nodes training together")
         # The node that serves the rendezvous store must stay (torchrun's c10d rendezvous lives in it);
         # the other node leaves.
         survivor = _store_host(agents, port)
@@ -121,16 +133,24 @@ def test_elastic_job_survives_a_node_leaving(tmp_path):
         for p in [*psutil.Process(victim.pid).children(recursive=True), psutil.Process(victim.pid)]:
             p.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
-        killed_at = len(logs[survivor].read_text())
-        agents[survivor].wait(timeout=300)
+        left_at = len(logs[survivor].read_text())
+        _wait_for(r"^step=\d+ .*world=1 ", [logs[survivor]], [left_at], "the survivor training alone")
+        # A node comes back: the running agent sees it waiting and re-forms the world with it.
+        agents.append(_agent(port, "1:2", tmp_path / "run", steps, conf, log=logs[2], extra_args=slow))
+        back_at = [len(logs[survivor].read_text()), 0]
+        _wait_for(r"^step=\d+ .*world=2 ", [logs[survivor], logs[2]], back_at, "the world growing back to 2")
+        for a in (agents[survivor], agents[2]):
+            a.wait(timeout=300)
     finally:
         for a in agents:
             a.kill()
-    output = logs[survivor].read_text()
-    rest = output[killed_at:]
-    assert agents[survivor].returncode == 0, output[-4000:]
-    assert re.search(r"^step=\d+ .*world=1 ", rest, re.MULTILINE), rest[-3000:]  # continued alone
-    assert RESUMED.search(rest) and f"final step={steps} " in output
+    both = [logs[survivor].read_text(), logs[2].read_text()]
+    assert [agents[survivor].returncode, agents[2].returncode] == [0, 0], "\n".join(o[-3000:] for o in both)
+    assert both[1].count("done steps=") == 1  # the newcomer's worker trained to the end
+    # Only rank 0 logs steps and it can be either node now; one final line, after the world was 2 again.
+    finals = [FINAL.search(o) for o in both]
+    assert sum(f is not None for f in finals) == 1 and f"final step={steps} " in "".join(both)
+    assert "world=1" not in both[1], "the newcomer ran a job of its own instead of joining"
 
 
 def test_a_rank_that_skips_a_collective_is_named_and_nothing_is_left_running(tmp_path):
