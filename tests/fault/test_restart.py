@@ -118,8 +118,8 @@ def _wait_for(pattern: str, logs: list, offsets: list[int], what: str, timeout: 
 def test_elastic_job_survives_a_node_leaving_and_takes_it_back(tmp_path):
     port = _free_port()
     steps = 600
-    # A dead node is noticed after 2 s x 5 missed heartbeats; shorter settings let a busy 2-core machine
-    # starve a live agent's heartbeat, and a newcomer then finds no participants and starts a job of its own.
+    # A dead node is noticed after 2 s x 5 missed heartbeats. At 1 s x 2 a newcomer once found no live
+    # participant on this busy 2-core machine (a starved heartbeat, most likely) and started its own job.
     conf = ",keep_alive_interval=2,keep_alive_max_attempt=5"
     slow = ["--slow-rank", "0", "--slow-ms", "20"]  # keeps the job running while nodes come and go
     logs = [tmp_path / f"agent{i}.log" for i in range(3)]
