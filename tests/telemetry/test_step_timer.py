@@ -53,6 +53,27 @@ def test_step_call_form_and_single_process_exchange():
     assert report.means == (pytest.approx(0.2),) and report.skew == 0.0 and report.straggler == 0
 
 
+def test_pause_leaves_the_gap_out_and_drops_a_half_profiled_step():
+    clock, metrics = FakeClock(), TrainingMetrics()
+    timer = StepTimer(metrics, exchange_every=0, op_every=2, clock=clock)
+    timer.step()
+    clock.now += 0.1
+    assert timer.step() == pytest.approx(0.1)  # step 1; step 2 is now being profiled
+    torch.ones(4).softmax(0)
+    timer.pause()  # e.g. evaluation
+    clock.now += 50.0
+    assert timer.step() is None  # restarts the clock, records nothing
+    clock.now += 0.2
+    assert timer.step() == pytest.approx(0.2)
+    fams = _fams(metrics)
+    assert samples(fams, "npudist_steps", "npudist_steps_total") == {(("local_rank", "0"), ("node", ""),
+                                                                     ("rank", "0")): 2.0}
+    hist = fams["npudist_step_duration_seconds"]
+    assert [s.value for s in hist.samples if s.name.endswith("_sum")] == [pytest.approx(0.3)]
+    assert "npudist_op_duration_seconds" not in fams or not [
+        s for s in fams["npudist_op_duration_seconds"].samples if s.name.endswith("_count")]
+
+
 def test_skew_report_by_hand():
     # ranks 0-2 take 0.1 s, rank 3 0.2 s: mean 0.125, population std sqrt((3*0.025^2 + 0.075^2)/4) = 0.0433
     rows = [[0.1, 50.0, 1.8e9], [0.1, 51.0, 1.8e9], [0.1, math.nan, math.nan], [0.2, 88.5, 1.2e9]]

@@ -118,6 +118,16 @@ class StepTimer:
         self._started = self.clock()
         return seconds
 
+    def pause(self) -> None:
+        """Stop the clock without recording a step (evaluation, checkpointing, a data reload).
+
+        The next ``step()`` starts the clock again, like the first call; a half-run profiled step is
+        dropped, not fed into the operator histogram.
+        """
+        self._stop_profiler(feed=False)
+        self._started = None
+        self._waited = 0.0
+
     def _end_step(self) -> float:
         if self.synchronize is not None:
             self.synchronize()  # device work is asynchronous: wait for it, or the step time is launch time
