@@ -16,6 +16,7 @@ run allreduce python -m npudist bench collective --op all_reduce --nproc 2 --min
   --dtype float32 --baseline
 run strict python -m npudist bench collective --op all_reduce --nproc 2 --min-bytes 16M --max-bytes 16M \
   --dtype bfloat16 --profile hccl-strict --odd --baseline --baseline-dtype float32
+run strict_bf16 python -m npudist launch --nproc-per-node 2 benchmarks/strict_bf16.py --iters 15
 run bucketing python -m npudist launch --nproc-per-node 2 benchmarks/bucketing.py --blocks 3 --iters 30
 run comm_overhead python -m npudist launch --nproc-per-node 2 benchmarks/comm_overhead.py --samples 60
 run telemetry_overhead python benchmarks/telemetry_overhead.py --pairs 4 --steps 200
