@@ -94,20 +94,26 @@ class Watchdog:
             self._thread.start()
         return self.record
 
+    # enter/done run around every public collective: attribute writes, no syscall beyond the clock,
+    # and the publisher is only signalled when it is not already due to publish.
     def enter(self, op: str, nbytes: int) -> int:
-        rec = self._ensure()
+        rec = self.record
         if rec is None:
-            return 0
+            rec = self._ensure()
+            if rec is None:
+                return 0
         rec.seq += 1
         rec.op, rec.nbytes, rec.state, rec.wall_time = op, nbytes, "entered", time.time()
-        self._dirty.set()
+        if not self._dirty.is_set():
+            self._dirty.set()
         return rec.seq
 
     def done(self, seq: int) -> None:
         rec = self.record
         if rec is not None and rec.seq == seq:
             rec.state, rec.wall_time = "done", time.time()
-            self._dirty.set()
+            if not self._dirty.is_set():
+                self._dirty.set()
 
     def _connect(self) -> Any:
         if self._store is None:
