@@ -5,7 +5,10 @@ so both copies add to the wall time (bf16 -> fp32 -> bf16 of 8.4 M elements is a
 threaded, half of the fp32 transfer itself). Here the buffer is cut into a few chunks: chunk k+1 is
 copied in while chunk k is on the wire (async collectives run on the backend's own threads), and chunk
 k is copied back while the later chunks are still reducing. Only the first copy-in and the last
-copy-out stay visible.
+copy-out stay visible. That needs a core that is idle during the transfer: with two ranks on two
+shared cores gloo keeps each core ~76 % busy and the chunking measured no gain over one chunk
+(benchmarks/strict_bf16.py); it is kept for hosts with free cores and for devices, where the casts
+run on the accelerator (not measured).
 
 Each chunk is its own library call, so every chunk honours the row's element multiple and alignment.
 The result is the same element for element: a reduction is elementwise, and the work dtype is unchanged.
