@@ -6,10 +6,16 @@ job every ``interval`` seconds when it changed, so the hot path pays no network 
 collective fails (a timeout, a peer gone), the failing rank reads every rank's record and raises
 CollectiveHangError naming the op, its sequence number and the ranks that had and had not reached
 it, and writes the same as JSON into the run directory (``NPUDIST_RUN_DIR`` or set_run_dir()).
+
+The publisher is stopped and joined by ``npudist.shutdown()`` and at interpreter exit. A daemon thread
+left inside ``TCPStore.set`` when Python finalizes is killed as it takes the GIL back inside a C++
+destructor, and the process aborts with "terminate called without an active exception" (seen in CI,
+2 of 25 launches with two busy cores).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
@@ -78,6 +84,7 @@ class Watchdog:
     def __init__(self) -> None:
         self.record: Record | None = None
         self._dirty = threading.Event()
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Any = None
         self._lock = threading.Lock()
@@ -90,8 +97,11 @@ class Watchdog:
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return None
             self.record = Record(rank=dist.get_rank())
-            self._thread = threading.Thread(target=self._publish_loop, name="npudist-watchdog", daemon=True)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._publish_loop, args=(self._stop,), name="npudist-watchdog",
+                                            daemon=True)
             self._thread.start()
+            atexit.register(self.close)
         return self.record
 
     # enter/done run around every public collective: attribute writes, no syscall beyond the clock,
@@ -133,15 +143,35 @@ class Watchdog:
         with self._lock:
             store.set(_key(rec.rank), json.dumps(asdict(rec)))
 
-    def _publish_loop(self) -> None:
+    def _publish_loop(self, stop: threading.Event) -> None:
         while True:
             self._dirty.wait()
+            if stop.is_set():
+                return
             self._dirty.clear()
             try:
                 self._publish()
             except Exception as exc:  # the watchdog must never take the job down
                 log.debug("watchdog publish failed: %s", exc)
-            time.sleep(PUBLISH_INTERVAL_S)
+            if stop.wait(PUBLISH_INTERVAL_S):
+                return
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop and join the publisher and drop the store connection; the next collective starts afresh.
+
+        Safe to call twice. A publisher stuck in a store call longer than ``timeout_s`` is left behind.
+        """
+        thread, self._thread = self._thread, None
+        self.record = None
+        self._stop.set()
+        self._dirty.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("npudist watchdog publisher did not stop within %.0f s", timeout_s)
+        atexit.unregister(self.close)
+        self._store = None
+        self._dirty.clear()
 
     def records(self) -> dict[int, Record | None]:
         store = self._connect()
