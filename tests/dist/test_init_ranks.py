@@ -135,3 +135,12 @@ def test_rendezvous_timeout_names_what_to_check(out):
     error = _records(out)[0]["error"]
     assert "rank 1 of 2" in error and f"127.0.0.1:{port}" in error and "timed out" in error
     assert "all 2 ranks were started" in error
+
+
+def test_a_group_the_user_destroys_leaves_no_thread_behind_at_exit(out):
+    """gloo's workers alive into interpreter finalization can abort the process (npudist.shutdown)."""
+    script = str(REPO / "tests" / "dist" / "rank_exit.py")
+    proc = run_npudist(["launch", "--nproc-per-node", "2", script], env=child_env({"PROBE_OUT": str(out)}))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = sorted(_records(out), key=lambda r: r["rank"])
+    assert records == [{"rank": 0, "threads_at_exit": []}, {"rank": 1, "threads_at_exit": []}]

@@ -6,6 +6,7 @@ group is first used; ``set_profile``/``set_debug`` change it in-process and drop
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -99,5 +100,12 @@ def get(group: object | None) -> GroupContext:
 
 
 def forget() -> None:
-    """Drop cached contexts (after a process group is destroyed and created again)."""
+    """Drop cached contexts (after a process group is destroyed and created again).
+
+    Also run at exit: the cache keys hold process groups, and a gloo group that lives into interpreter
+    finalization can abort the process (see npudist.shutdown) when the user destroyed it themselves.
+    """
     _cache.clear()
+
+
+atexit.register(forget)
