@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 import npudist
 
+
 def emit(record: dict) -> None:
     """One file per process: ranks share stdout, where their lines would interleave."""
     with open(os.path.join(os.environ["PROBE_OUT"], f"{os.getpid()}.jsonl"), "a") as f:

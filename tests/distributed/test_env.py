@@ -78,13 +78,15 @@ def test_init_errors_say_what_happened():
 
     info = RankInfo(1, 2, 1, 2, 0, "openmpi")
     refused = _explain(RuntimeError("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: "
-                                    "SO_ERROR: Connection refused, remote=[127.0.0.1]:25996"), info, "h:1", timedelta(60))
+                                    "SO_ERROR: Connection refused, remote=[127.0.0.1]:25996"),
+                       info, "h:1", timedelta(60))
     assert "refused the connection" in str(refused) and "rank 1 of 2" in str(refused)
     assert "timed out after" not in str(refused)  # gloo says "timed out" but nothing waited 60 s
     slow = _explain(RuntimeError("Timed out after 61 seconds waiting for clients. 1/2 clients joined."), info,
                     "h:1", timedelta(seconds=60))
     assert "timed out after 60 s (1 of 2 ranks joined)" in str(slow)
     busy = _explain(RuntimeError("The server socket has failed to listen on any local network address. "
-                                 "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"),
+                                 "port: 29500, useIpv6: false, code: -98, "
+                                 "name: EADDRINUSE, message: address already in use"),
                     info, "h:29500", timedelta(seconds=60))
     assert "is already in use" in str(busy)

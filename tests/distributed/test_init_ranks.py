@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_npudist
 
-PROBE = str(REPO / "tests" / "dist" / "rank_probe.py")
+PROBE = str(REPO / "tests" / "distributed" / "rank_probe.py")
 pytestmark = pytest.mark.slow
 
 
@@ -139,7 +139,7 @@ def test_rendezvous_timeout_names_what_to_check(out):
 
 def test_a_group_the_user_destroys_leaves_no_thread_behind_at_exit(out):
     """gloo's workers alive into interpreter finalization can abort the process (npudist.shutdown)."""
-    script = str(REPO / "tests" / "dist" / "rank_exit.py")
+    script = str(REPO / "tests" / "distributed" / "rank_exit.py")
     proc = run_npudist(["launch", "--nproc-per-node", "2", script], env=child_env({"PROBE_OUT": str(out)}))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = sorted(_records(out), key=lambda r: r["rank"])
