@@ -137,10 +137,11 @@ def test_rendezvous_timeout_names_what_to_check(out):
     assert "all 2 ranks were started" in error
 
 
-def test_a_group_the_user_destroys_leaves_no_thread_behind_at_exit(out):
-    """gloo's workers alive into interpreter finalization can abort the process (npudist.shutdown)."""
+@pytest.mark.parametrize("mode", ["shutdown", "destroy"])
+def test_no_thread_outlives_teardown(out, mode):
+    """gloo's workers or the watchdog publisher alive into interpreter exit can abort the process."""
     script = str(REPO / "tests" / "distributed" / "rank_exit.py")
-    proc = run_npudist(["launch", "--nproc-per-node", "2", script], env=child_env({"PROBE_OUT": str(out)}))
+    proc = run_npudist(["launch", "--nproc-per-node", "2", script, mode], env=child_env({"PROBE_OUT": str(out)}))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = sorted(_records(out), key=lambda r: r["rank"])
-    assert records == [{"rank": 0, "threads_at_exit": []}, {"rank": 1, "threads_at_exit": []}]
+    assert records == [{"rank": 0, "threads_left": []}, {"rank": 1, "threads_left": []}]
