@@ -41,3 +41,27 @@ def run_npudist(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# CI (.ci/run) installs every tool the tests use, so there a skip means a test silently did not run; it lists
+# the skips it accepts (hardware these machines lack) and any other skip fails the run.
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _SKIPPED.append((report.nodeid, str(report.longrepr[2])))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    allowed = os.environ.get("NPUDIST_ALLOWED_SKIPS")
+    if allowed is None:
+        return
+    import re
+
+    bad = [(node, why) for node, why in _SKIPPED if not re.search(allowed, why)]
+    if bad:
+        lines = "\n".join(f"  {node}: {why}" for node, why in bad)
+        print(f"\nNPUDIST_ALLOWED_SKIPS={allowed!r} but these tests skipped for another reason:\n{lines}",
+              file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -138,3 +138,23 @@ def test_pool_reuses_released_blocks_and_aligns():
     assert c.whole.data_ptr() != b.whole.data_ptr()
     assert pool.allocations == 2
     assert aligned_empty(3, torch.float64, torch.device("cpu"), 256).data_ptr() % 256 == 0
+
+
+def test_hccl_row_names_only_types_and_ops_the_released_hccl_header_declares():
+    """Each dtype and reduce op of the hccl row exists in hccl_types.h of the torch-npu 2.14.0 wheel."""
+    from tests.conftest import FAKES
+
+    declared = {tuple(line.split()) for line in (FAKES / "hccl" / "enums-torch_npu-2.14.0.txt").read_text()
+                .splitlines() if line and not line.startswith("#")}
+    # torch dtype -> HcclDataType member (bool travels as uint8: torch_npu ProcessGroupHCCL).
+    hccl_type = {torch.int8: "INT8", torch.int16: "INT16", torch.int32: "INT32", torch.int64: "INT64",
+                 torch.uint8: "UINT8", torch.bool: "UINT8", torch.float16: "FP16", torch.float32: "FP32",
+                 torch.float64: "FP64", torch.bfloat16: "BFP16"}
+    hccl_op = {"sum": "SUM", "product": "PROD", "max": "MAX", "min": "MIN"}
+    row = PROFILES["hccl"]
+    dtypes = set(row.copy_dtypes).union(*row.reduce_dtypes.values())
+    assert torch.bfloat16 in dtypes
+    for dtype in dtypes:
+        assert ("HcclDataType", f"HCCL_DATA_TYPE_{hccl_type[dtype]}") in declared, dtype
+    for op in row.reduce_dtypes:
+        assert ("HcclReduceOp", f"HCCL_REDUCE_{hccl_op[op]}") in declared, op

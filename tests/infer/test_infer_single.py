@@ -102,8 +102,13 @@ def test_rknnlite_runner_against_the_fake(fake_rknnlite, tmp_path: Path) -> None
 def test_rknnlite_errors_are_clear(fake_rknnlite, tmp_path: Path) -> None:
     with pytest.raises(RunnerError, match=r"load_rknn\('.*missing.rknn'\) failed"):
         RKNNLiteRunner(str(tmp_path / "missing.rknn"))
-    with pytest.raises(RunnerError, match="core_mask '5': choose one of auto, 0, 1, 2, 0_1, 0_1_2"):
+    with pytest.raises(RunnerError, match="core_mask '5': choose one of auto, 0, 1, 2, 0_1, 0_1_2, all"):
         RKNNLiteRunner(str(_rknn_model(tmp_path / "m.rknn")), core_mask="5")
+    # The real inference() returns None on failure (here: a batch the model was not converted for).
+    runner = RKNNLiteRunner(str(_rknn_model(tmp_path / "b2.rknn", batch=2)), core_mask="all")
+    assert fake_rknnlite.CALLS[-1] == ("init_runtime", 0xFFFF)  # NPU_CORE_ALL
+    with pytest.raises(RunnerError, match=r"inference returned no outputs .*b2.rknn \(batch of 1"):
+        runner(torch.tensor([[1.0, 2.0]]))
 
 
 def test_rknnlite_missing_package_is_clear(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

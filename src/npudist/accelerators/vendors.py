@@ -32,6 +32,8 @@ class Vendor:
     """Ranks per node for ``--nproc-per-node auto`` when device_count() says nothing useful."""
     board_probe: Callable[[], str | None] | None = None
     """Extra availability check for boards torch cannot see; returns why it is absent, or None."""
+    runtime_setup: str | None = None
+    """What makes the vendor runtime loadable when ``module`` is installed but fails to import."""
 
 
 def _rknpu_probe() -> str | None:
@@ -44,10 +46,16 @@ def _rknpu_probe() -> str | None:
 VENDORS: tuple[Vendor, ...] = (
     # Ascend: torch_npu registers torch.npu and the "hccl" backend on import
     # (https://gitee.com/ascend/pytorch, docs "Distributed training": backend="hccl").
-    Vendor("npu", "npu", "torch_npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "npu-smi", False, "npu-smi"),
+    # CANN's set_env.sh puts libascendcl/libhccl on LD_LIBRARY_PATH (CANN install guide, "Configuring
+    # Environment Variables").
+    Vendor("npu", "npu", "torch_npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "npu-smi", False, "npu-smi",
+           runtime_setup="source CANN's set_env.sh (e.g. `source /usr/local/Ascend/ascend-toolkit/set_env.sh`) "
+           "so libhccl.so and the other CANN libraries are found"),
     Vendor("cuda", "cuda", None, "nccl", "CUDA_VISIBLE_DEVICES", "nvml", False, "nvidia-smi"),
     # Cambricon: torch_mlu registers torch.mlu and the "cncl" backend (Cambricon PyTorch user guide).
-    Vendor("mlu", "mlu", "torch_mlu", "cncl", "MLU_VISIBLE_DEVICES", "cnmon", False, "cnmon"),
+    Vendor("mlu", "mlu", "torch_mlu", "cncl", "MLU_VISIBLE_DEVICES", "cnmon", False, "cnmon",
+           runtime_setup="set NEUWARE_HOME to the Cambricon Neuware install and put $NEUWARE_HOME/lib64 on "
+           "LD_LIBRARY_PATH"),
     # RK3588: one NPU per board, no collective library; torch computes on the CPU unless rknnlite runs
     # an .rknn model, and collectives go over gloo from host memory.
     Vendor("rknpu", "cpu", None, "gloo", None, "rknpu", True, None, default_nproc=1,

@@ -108,7 +108,9 @@ NCCL = Constraints(
 HCCL = Constraints(
     name="hccl",
     # CANN HcclAllReduce (Atlas A2/A3 training series): int8, int16, int32, int64, float16, float32, bfp16;
-    # ops sum, prod, max, min (HcclReduceOp has no avg); prod not for bfp16 (nor int16).
+    # ops sum, prod, max, min (HcclReduceOp has no avg); prod not for bfp16 (nor int16). The types exist in
+    # HcclDataType of hccl_types.h as shipped in the torch-npu 2.14.0 wheel
+    # (torch_npu/include/third_party/hccl/inc/hccl/hccl_types.h: ..._BFP16 = 11; tests/comm/test_plan.py).
     # torch_npu ProcessGroupHCCL: device tensors, dense and contiguous (checkTensor), bool sent as uint8.
     reduce_dtypes=_ops({
         "sum": _HCCL_ARITH, "max": _HCCL_ARITH, "min": _HCCL_ARITH,

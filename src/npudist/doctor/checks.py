@@ -45,6 +45,14 @@ def python_version(host: Host) -> CheckResult:
 
 @check("torch")
 def torch_version(host: Host) -> CheckResult:
+    from npudist import backend_guard
+
+    broken = backend_guard.from_env(host.env)
+    if broken is not None:
+        return CheckResult("torch", FAIL, f"`import torch` fails: device extension {broken.extension} does not load "
+                           f"({broken.cause}); these checks ran with {backend_guard.AUTOLOAD_VAR}=0",
+                           f"{backend_guard.vendor_fix(broken) or 'install the runtime it needs'}; or set "
+                           f"{backend_guard.AUTOLOAD_VAR}=0 to run without {broken.extension}")
     import torch
 
     v = torch.__version__
@@ -69,8 +77,9 @@ def accelerators(host: Host) -> list[CheckResult]:
         installed = vendor.module is not None and importlib.util.find_spec(vendor.module) is not None
         if installed or forced == vendor.name:
             # An installed but broken vendor package is the classic "torch_npu without CANN" failure.
+            setup = vendor.runtime_setup or f"fix the {vendor.module} installation (its driver/runtime)"
             fix = (f"unset NPUDIST_ACCELERATOR or fix {vendor.name}" if forced == vendor.name
-                   else f"fix the {vendor.module} installation (its driver/runtime) or uninstall it")
+                   else f"{setup}, or uninstall {vendor.module}")
             out.append(CheckResult(name, FAIL, reason, fix))
         else:
             out.append(CheckResult(name, SKIP, reason))

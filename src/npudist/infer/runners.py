@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 from npudist.accelerators import Accelerator, accelerator, rknpu
 
-# rknn-toolkit-lite2 core masks (RKNNLite.NPU_CORE_*; rknn_benchmark README in airockchip/rknn-toolkit2:
-# "0: auto, 1: core0, 2: core1, 4: core2, 3: core0&1, 7: core0&1&2"; RK3588 only).
+# rknn-toolkit-lite2 core masks, the RKNNLite.NPU_CORE_* names of rknnlite/api/rknn_lite.py (2.5.0): 0 auto,
+# 1/2/4 one core, 3 cores 0&1, 7 cores 0&1&2 (RK3588 only), 0xffff all cores.
 CORE_MASKS = {"auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",
-              "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2"}
+              "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2", "all": "NPU_CORE_ALL"}
 
 
 class RunnerError(RuntimeError):
@@ -77,8 +77,9 @@ class RKNNLiteRunner:
         outs = []
         for chunk in batch.split(self.batch_size):
             result = self.rknn.inference(inputs=[chunk.float().numpy()])
-            if not result:
-                raise RunnerError(f"RKNNLite.inference returned no outputs for {self.path}")
+            if not result:  # the real inference() logs its error and returns None instead of raising
+                raise RunnerError(f"RKNNLite.inference returned no outputs for {self.path} (batch of "
+                                  f"{chunk.shape[0]}; its log above says why)")
             outs.append(torch.as_tensor(result[0]).float().reshape(chunk.shape[0], -1))
         return torch.cat(outs)
 

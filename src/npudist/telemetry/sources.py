@@ -23,8 +23,14 @@ def resolve_name(name: str) -> str:
     """``auto`` -> the detected accelerator's telemetry source; other names pass through."""
     if name != "auto":
         return name
-    from npudist.accelerators import accelerator
+    from npudist import backend_guard
+    from npudist.accelerators import VENDORS, accelerator
 
+    broken = backend_guard.from_env()
+    if broken is not None:  # the vendor's Python runtime does not load, but its node tool may still read the cards
+        vendor = next((v for v in VENDORS if v.module == broken.extension), None)
+        if vendor is not None:
+            return vendor.telemetry_source
     return accelerator().vendor.telemetry_source
 
 
