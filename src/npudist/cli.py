@@ -96,6 +96,15 @@ def _add_dashboards() -> None:
 _add_dashboards()
 
 
+def _add_deploy() -> None:
+    from npudist.deploy.cli import app as deploy_app
+
+    app.add_typer(deploy_app, name="deploy", help="Cluster deployments: `npudist deploy k8s|slurm --help`.")
+
+
+_add_deploy()
+
+
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
 def exporter(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import Metric
 
 from npudist.telemetry.catalogue import family
 from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.node import node_name
 from npudist.telemetry.poller import Poller, finite
 from npudist.telemetry.readings import DeviceReading
 
@@ -38,7 +38,7 @@ class DeviceCollector:
     def __init__(self, pollers: Sequence[Poller], health: CollectorHealth, node: str | None = None) -> None:
         self.pollers = list(pollers)
         self.health = health
-        self.node = node or socket.gethostname()
+        self.node = node or node_name()
 
     def collect(self) -> Iterator[Metric]:
         up, info = family("npudist_device_up"), family("npudist_device_info")

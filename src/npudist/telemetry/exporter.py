@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import threading
 from dataclasses import dataclass
 
@@ -50,7 +49,7 @@ def build(sources: list[Source], interval_s: float, node: str | None = None,
     health = CollectorHealth()
     pollers = [Poller(s, health, interval_s=interval_s, timeout_s=timeout_s) for s in sources]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DeviceCollector(pollers, health, node or socket.gethostname()))
+    registry.register(DeviceCollector(pollers, health, node))
     registry.register(health)
     return NodeExporter(registry, health, pollers)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from npudist.telemetry.allocator import AllocatorCollector
 from npudist.telemetry.collectives import CommCollector
 from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.node import node_name
 from npudist.telemetry.poller import Poller
 from npudist.telemetry.readings import DeviceReading
 from npudist.telemetry.server import DEFAULT_HOST, ExporterError, MetricsServer, check_port, serve
@@ -96,7 +96,7 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     rank, local_rank = (ctx.rank, ctx.local_rank) if ctx is not None else (0, 0)
     device_type = ctx.device.type if ctx is not None else "cpu"
-    labels = [str(rank), str(local_rank), socket.gethostname()]
+    labels = [str(rank), str(local_rank), node_name(env)]
     health = CollectorHealth()
     training = TrainingMetrics(labels)
     registry = CollectorRegistry(auto_describe=False)

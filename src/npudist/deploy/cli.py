@@ -1,0 +1,117 @@
+"""``npudist deploy k8s|slurm``: the typer group cli.py registers."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from npudist._version import __version__
+
+app = typer.Typer(no_args_is_help=True, help="Generate cluster deployments: Kubernetes manifests or a Slurm job.")
+err = Console(stderr=True)
+
+Out = Annotated[Path, typer.Option("--out", help="Folder to write into (created; files replaced).")]
+Accel = Annotated[str, typer.Option(help="npu, cuda or cpu: node selector, resource and host mounts.")]
+Nodes = Annotated[int, typer.Option(help="Nodes (pods or Slurm nodes) in the job.")]
+Nproc = Annotated[int | None, typer.Option(help="Ranks per node (default: 8 on npu and cuda, 2 on cpu).")]
+Script = Annotated[str, typer.Option(help="Training script and its arguments, as one shell-quoted string.")]
+Name = Annotated[str, typer.Option(help="Job name (pods, services, Slurm job).")]
+MetricsPort = Annotated[int, typer.Option(help="Rank r serves metrics on this port + local rank.")]
+ExporterPort = Annotated[int, typer.Option(help="`npudist exporter` port on every node.")]
+
+
+def _generate(command: str, build, out: Path) -> None:
+    from npudist.deploy import DeployError, write_files
+
+    try:
+        files, executable, notes = build()
+    except DeployError as exc:
+        err.print(f"[bold red]npudist deploy {command}:[/] {exc}")
+        raise typer.Exit(2) from None
+    try:
+        written = write_files(out, files, executable)
+    except OSError as exc:
+        err.print(f"[bold red]npudist deploy {command}:[/] cannot write under {out}: {exc}")
+        raise typer.Exit(2) from None
+    for path in written:
+        typer.echo(str(path))
+    for note in notes:
+        err.print(f"[yellow]note:[/] {note}")
+
+
+def _script(text: str) -> tuple[str, ...]:
+    from npudist.deploy import DeployError
+
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise DeployError(f"--script {text!r}: {exc}") from None
+
+
+@app.command("k8s", help="Write Kubernetes YAML and a kustomization.yaml: exporter DaemonSet, Service, "
+             "ServiceMonitor, PrometheusRule, dashboard ConfigMaps, and the training job with its PodMonitor.")
+def k8s_cmd(
+    out: Out,
+    namespace: str = typer.Option("npudist", help="Namespace of every object."),
+    accelerator: Accel = "npu",
+    image: str = typer.Option(f"npudist:{__version__}", help="Image with npudist, torch and the vendor's torch "
+                              "plugin, with a tag (npudist publishes none)."),
+    nodes: Nodes = 2,
+    nproc_per_node: Nproc = None,
+    scheduler: str = typer.Option("kubeflow", help="kubeflow (PyTorchJob) or volcano (Volcano Job)."),
+    script: Script = "examples/train_ddp.py --steps 100",
+    name: Name = "npudist-train",
+    shm_size: str | None = typer.Option(None, help="/dev/shm per pod (default: 16Gi; 1Gi on cpu)."),
+    monitor_label: Annotated[list[str] | None, typer.Option(
+        help="KEY=VALUE on the monitors and rules, for the Prometheus's selectors (repeatable).")] = None,
+    metrics_port: MetricsPort = 9500,
+    exporter_port: ExporterPort = 9400,
+    rdzv_port: int = typer.Option(29400, help="c10d rendezvous port on the master pod."),
+) -> None:
+    def build():
+        from npudist.deploy import K8sOptions
+        from npudist.deploy.k8s import files
+
+        opts = K8sOptions(namespace=namespace, accelerator=accelerator, image=image, nodes=nodes,
+                          nproc_per_node=nproc_per_node, scheduler=scheduler, script=_script(script), name=name,
+                          shm_size=shm_size, monitor_labels=tuple(monitor_label or ()), metrics_port=metrics_port,
+                          exporter_port=exporter_port, rdzv_port=rdzv_port)
+        return files(opts), frozenset(), ()
+
+    _generate("k8s", build, out)
+
+
+@app.command("slurm", help="Write an sbatch script (srun + `npudist launch --mpi`), a Prometheus config with "
+             "file_sd targets, and the exporter as a systemd unit.")
+def slurm_cmd(
+    out: Out,
+    accelerator: Accel = "npu",
+    nodes: Nodes = 2,
+    nproc_per_node: Nproc = None,
+    script: Script = "examples/train_ddp.py --steps 100",
+    name: Name = "npudist-train",
+    hosts: Annotated[list[str] | None, typer.Option(
+        help="A node running the exporter unit, for Prometheus's targets (repeatable).")] = None,
+    sd_dir: str = typer.Option("/etc/prometheus/sd", help="Shared folder Prometheus reads file_sd targets from."),
+    exporter_bin: str = typer.Option("/usr/local/bin/npudist", help="npudist's absolute path on the nodes."),
+    time_limit: str | None = typer.Option(None, "--time", help="#SBATCH --time (e.g. 4:00:00)."),
+    metrics_port: MetricsPort = 9500,
+    exporter_port: ExporterPort = 9400,
+    rdzv_port: int = typer.Option(29500, help="MASTER_PORT on rank 0's node (the job's MASTER_PORT wins)."),
+) -> None:
+    def build():
+        from npudist.deploy import SlurmOptions
+        from npudist.deploy.slurm import NODE_TARGETS, SBATCH, files
+
+        opts = SlurmOptions(accelerator=accelerator, nodes=nodes, nproc_per_node=nproc_per_node,
+                            script=_script(script), name=name, hosts=tuple(hosts or ()), sd_dir=sd_dir,
+                            exporter_bin=exporter_bin, time_limit=time_limit, metrics_port=metrics_port,
+                            exporter_port=exporter_port, rdzv_port=rdzv_port)
+        notes = () if opts.hosts else (f"no --hosts: {NODE_TARGETS} lists no node exporters yet",)
+        return files(opts), frozenset({SBATCH}), notes
+
+    _generate("slurm", build, out)

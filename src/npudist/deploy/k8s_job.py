@@ -1,0 +1,133 @@
+"""The training job on Kubernetes: a Kubeflow PyTorchJob or a Volcano Job running `npudist launch`, and the
+PodMonitor that scrapes every rank.
+
+One master pod (hosting torchrun's c10d rendezvous store) and nodes - 1 worker pods; each runs
+`npudist launch` with --nproc-per-node ranks, which serve metrics on metrics_port + local rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from npudist.deploy.k8s_exporter import ALL_INTERFACES
+from npudist.deploy.manifest import SCRAPE_JOB_LABEL, host_volumes, job_labels, meta, node_name_env, render
+from npudist.deploy.options import K8sOptions
+from npudist.telemetry.rank import HOST_VAR
+
+MAX_RESTARTS = 3
+"""torchrun restarts the workers this often; a pod that comes back rejoins the c10d rendezvous."""
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    file: str
+    kind: str
+    master_host: Callable[[K8sOptions], str]
+    """DNS name of the master pod, which the operator's headless Service publishes."""
+    rdzv_port_name: str
+    restart_policy: str
+    build: Callable[[K8sOptions, dict[str, dict[str, Any]]], dict[str, Any]]
+    """(options, role -> pod template) -> the job object."""
+
+
+def _metrics_ports(opts: K8sOptions) -> list[dict[str, Any]]:
+    # Named ports (at most 15 characters) so the PodMonitor can list one endpoint per local rank.
+    return [{"name": f"metrics-r{i}", "containerPort": opts.metrics_port + i, "protocol": "TCP"}
+            for i in range(opts.nproc)]
+
+
+def launch_args(opts: K8sOptions, rdzv_host: str, is_host: bool) -> list[str]:
+    """`npudist launch` arguments; ``is_host`` says outright which pod hosts the c10d store instead of
+    leaving torchrun to guess it from the pod's hostname and addresses."""
+    return ["--nnodes", str(opts.nodes), "--nproc-per-node", str(opts.nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv_host}:{opts.rdzv_port}", "--rdzv-id", opts.name,
+            "--rdzv-conf", f"is_host={str(is_host).lower()}", "--max-restarts", str(MAX_RESTARTS),
+            "--metrics-port", str(opts.metrics_port), *opts.script]
+
+
+def pod_template(opts: K8sOptions, sched: Scheduler, is_host: bool) -> dict[str, Any]:
+    row = opts.placement
+    volumes, mounts = host_volumes(row.job_mounts)
+    volumes.insert(0, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm}})
+    mounts.insert(0, {"name": "dshm", "mountPath": "/dev/shm"})
+    devices = {row.resource: str(opts.nproc)} if row.resource else {}
+    container = {
+        "name": "pytorch",  # the name the Kubeflow training operator requires
+        "image": opts.image,
+        "command": ["npudist", "launch"],
+        "args": launch_args(opts, sched.master_host(opts), is_host),
+        "env": [{"name": HOST_VAR, "value": ALL_INTERFACES}, node_name_env()],
+        "ports": [{"name": sched.rdzv_port_name, "containerPort": opts.rdzv_port, "protocol": "TCP"},
+                  *_metrics_ports(opts)],
+        "resources": {"requests": dict(devices), "limits": dict(devices)},
+        "volumeMounts": mounts,
+    }
+    labels = {**job_labels(opts), SCRAPE_JOB_LABEL: opts.scrape_job}
+    return {"metadata": {"labels": labels},
+            "spec": {"restartPolicy": sched.restart_policy, "nodeSelector": dict(row.node_selector),
+                     "tolerations": [dict(t) for t in row.tolerations], "containers": [container],
+                     "volumes": volumes}}
+
+
+def _roles(opts: K8sOptions) -> dict[str, int]:
+    return {"master": 1, **({"worker": opts.nodes - 1} if opts.nodes > 1 else {})}
+
+
+def _pytorchjob(opts: K8sOptions, templates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    # Kubeflow training operator v1: replica types Master and Worker; the operator creates a headless
+    # Service per pod, named <job>-<type>-<index>.
+    specs = {role.capitalize(): {"replicas": count, "restartPolicy": "OnFailure", "template": templates[role]}
+             for role, count in _roles(opts).items()}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta(opts.name, opts, job_labels(opts)),
+            "spec": {"pytorchReplicaSpecs": specs}}
+
+
+def _volcano_job(opts: K8sOptions, templates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    # Volcano's svc plugin makes a headless Service named after the job and gives pod i of task T the
+    # hostname <job>-<T>-<i> under it; publishing not-ready addresses lets workers resolve the master early.
+    tasks = [{"name": role, "replicas": count, "template": templates[role]} for role, count in _roles(opts).items()]
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": meta(opts.name, opts, job_labels(opts)),
+            "spec": {"schedulerName": "volcano", "minAvailable": opts.nodes, "queue": "default",
+                     "maxRetry": MAX_RESTARTS,
+                     "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
+                     "policies": [{"event": "PodEvicted", "action": "RestartJob"},
+                                  {"event": "PodFailed", "action": "RestartJob"}],
+                     "tasks": tasks}}
+
+
+SCHEDULERS: dict[str, Scheduler] = {
+    "kubeflow": Scheduler("job-pytorchjob.yaml", "Kubeflow PyTorchJob", lambda o: f"{o.name}-master-0",
+                          "pytorchjob-port", "OnFailure", _pytorchjob),
+    "volcano": Scheduler("job-volcano.yaml", "Volcano Job", lambda o: f"{o.name}-master-0.{o.name}",
+                         "rdzv", "Never", _volcano_job),
+}
+
+
+def job(opts: K8sOptions) -> dict[str, Any]:
+    sched = SCHEDULERS[opts.scheduler]
+    templates = {role: pod_template(opts, sched, is_host=role == "master") for role in _roles(opts)}
+    return sched.build(opts, templates)
+
+
+def pod_monitor(opts: K8sOptions) -> dict[str, Any]:
+    """One endpoint per local rank; the job label comes from the pods' npudist-scrape-job label."""
+    labels = job_labels(opts)
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": meta(f"{opts.name}-ranks", opts, {**labels, **opts.monitor_label_map}),
+            "spec": {"jobLabel": SCRAPE_JOB_LABEL, "selector": {"matchLabels": labels},
+                     "namespaceSelector": {"matchNames": [opts.namespace]},
+                     "podMetricsEndpoints": [{"port": p["name"], "path": "/metrics", "interval": opts.scrape_interval}
+                                             for p in _metrics_ports(opts)]}}
+
+
+def files(opts: K8sOptions) -> dict[str, str]:
+    sched = SCHEDULERS[opts.scheduler]
+    return {
+        sched.file: render(job(opts), f"The training job ({sched.kind}): {opts.nodes} pod(s) x {opts.nproc} "
+                           f"rank(s) of `npudist launch`, c10d rendezvous on the master pod."),
+        "job-podmonitor.yaml": render(pod_monitor(opts), "Scrapes every rank's metrics (step time, skew, "
+                                      "collectives) while the job runs."),
+    }

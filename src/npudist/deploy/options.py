@@ -1,0 +1,167 @@
+"""What `npudist deploy` generates, as keyword-only dataclasses checked when they are built."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from npudist._version import __version__
+from npudist.deploy.placement import PLACEMENTS, Placement
+from npudist.telemetry.exporter import ExporterError, parse_interval
+
+SCHEDULERS = ("kubeflow", "volcano")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+# Label keys and values (Kubernetes "Labels and Selectors": optional DNS prefix, 63-character name).
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
+_HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
+NAME_MAX = 40
+"""Pod names are NAME-worker-INDEX and must stay within 63 characters."""
+
+
+class DeployError(ValueError):
+    """The options cannot describe a working deployment; the message names each problem and the fix."""
+
+
+def image_has_tag(image: str) -> bool:
+    """``name:tag`` or ``name@sha256:...``; a registry port (``host:5000/name``) is not a tag."""
+    return "@" in image or ":" in image.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """The training job and the exporters, whatever runs them."""
+
+    name: str = "npudist-train"
+    accelerator: str = "npu"
+    nodes: int = 2
+    nproc_per_node: int | None = None
+    """Ranks per node; None: the accelerator row's usual device count (8 NPUs or GPUs, 2 CPU ranks)."""
+    script: tuple[str, ...] = ("examples/train_ddp.py", "--steps", "100")
+    """The training script and its arguments, as `npudist launch` receives them."""
+    metrics_port: int = 9500
+    """Rank r serves its metrics on metrics_port + local rank."""
+    exporter_port: int = 9400
+    rdzv_port: int = 29400
+    interval: str = "5s"
+    """`npudist exporter --interval`."""
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise DeployError("; ".join(problems))
+
+    @property
+    def placement(self) -> Placement:
+        return PLACEMENTS[self.accelerator]
+
+    @property
+    def nproc(self) -> int:
+        return self.nproc_per_node if self.nproc_per_node is not None else self.placement.default_nproc
+
+    @property
+    def scrape_job(self) -> str:
+        """Prometheus job of the ranks: the rules select jobs named npudist* (dashboards/rules.py)."""
+        return self.name if self.name.startswith("npudist") else f"npudist-{self.name}"
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.accelerator not in PLACEMENTS:
+            out.append(f"--accelerator {self.accelerator!r} is unknown: choose one of {', '.join(PLACEMENTS)}")
+        if len(self.name) > NAME_MAX or not _DNS_LABEL.fullmatch(self.name):
+            out.append(f"--name {self.name!r}: use lower-case letters, digits and '-' (at most {NAME_MAX})")
+        if self.nodes < 1:
+            out.append(f"--nodes {self.nodes}: a job needs at least 1 node")
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            out.append(f"--nproc-per-node {self.nproc_per_node}: give at least 1 rank per node")
+        if not self.script or not self.script[0].strip():
+            out.append("--script is empty: give the training script (and its arguments)")
+        for flag, port in (("--metrics-port", self.metrics_port), ("--exporter-port", self.exporter_port),
+                           ("--rdzv-port", self.rdzv_port)):
+            if not 1 <= port <= 65535:
+                out.append(f"{flag} {port}: ports are 1-65535")
+        try:
+            parse_interval(self.interval)
+        except ExporterError as exc:
+            out.append(str(exc))
+        if not out:
+            out += self._port_clashes()
+        return out
+
+    def _port_clashes(self) -> list[str]:
+        ranks = range(self.metrics_port, self.metrics_port + self.nproc)
+        if ranks.stop - 1 > 65535:
+            return [f"--metrics-port {self.metrics_port}: {self.nproc} ranks need ports up to {ranks.stop - 1}"]
+        return [f"{flag} {port} falls in the ranks' metrics ports {ranks.start}-{ranks.stop - 1}: choose another"
+                for flag, port in (("--exporter-port", self.exporter_port), ("--rdzv-port", self.rdzv_port))
+                if port in ranks]
+
+
+def _labels(pairs: tuple[str, ...]) -> list[str]:
+    bad = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            bad.append(f"--monitor-label {pair!r}: expected KEY=VALUE with a Kubernetes label key and value")
+    return bad
+
+
+@dataclass(frozen=True, kw_only=True)
+class K8sOptions(JobOptions):
+    namespace: str = "npudist"
+    image: str = f"npudist:{__version__}"
+    """An image with npudist, torch and the vendor's torch plugin; npudist publishes none."""
+    scheduler: str = "kubeflow"
+    shm_size: str | None = None
+    """Size of /dev/shm per training pod; None: the accelerator row's default."""
+    monitor_labels: tuple[str, ...] = ()
+    """KEY=VALUE labels for the ServiceMonitor, PodMonitor and PrometheusRule (the Prometheus's selectors)."""
+    scrape_interval: str = "15s"
+
+    @property
+    def shm(self) -> str:
+        return self.shm_size or self.placement.shm_size
+
+    @property
+    def monitor_label_map(self) -> dict[str, str]:
+        return dict(pair.split("=", 1) for pair in self.monitor_labels)
+
+    def problems(self) -> list[str]:
+        out = super().problems()
+        if not _DNS_LABEL.fullmatch(self.namespace) or len(self.namespace) > 63:
+            out.append(f"--namespace {self.namespace!r}: use lower-case letters, digits and '-' (at most 63)")
+        if not image_has_tag(self.image):
+            out.append(f"--image {self.image!r} has no tag: pin one (NAME:TAG or NAME@sha256:DIGEST) so every "
+                       "node runs the same build")
+        if self.scheduler not in SCHEDULERS:
+            out.append(f"--scheduler {self.scheduler!r} is unknown: choose one of {', '.join(SCHEDULERS)}")
+        if not _DURATION.fullmatch(self.scrape_interval):
+            out.append(f"--scrape-interval {self.scrape_interval!r}: give a Prometheus duration such as 15s or 1m")
+        if self.shm_size is not None and not _QUANTITY.fullmatch(self.shm_size):
+            out.append(f"--shm-size {self.shm_size!r}: give a Kubernetes quantity such as 16Gi")
+        return out + _labels(self.monitor_labels)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmOptions(JobOptions):
+    rdzv_port: int = 29500
+    sd_dir: str = "/etc/prometheus/sd"
+    """Folder Prometheus reads file_sd targets from; the nodes write into it, so it must be shared."""
+    hosts: tuple[str, ...] = ()
+    """Nodes running the exporter unit, listed in the node exporters' targets file."""
+    exporter_bin: str = "/usr/local/bin/npudist"
+    """The npudist executable on the nodes, for the systemd unit (ExecStart needs an absolute path)."""
+    time_limit: str | None = None
+    """`#SBATCH --time`; None: the partition's default."""
+
+    def problems(self) -> list[str]:
+        out = super().problems()
+        for flag, path in (("--sd-dir", self.sd_dir), ("--exporter-bin", self.exporter_bin)):
+            if not path.startswith("/") or any(c.isspace() for c in path):
+                out.append(f"{flag} {path!r}: give an absolute path without spaces")
+        out += [f"--hosts: {h!r} is not a host name" for h in self.hosts if not _HOST.fullmatch(h)]
+        if self.time_limit is not None and not re.fullmatch(r"[0-9:-]+", self.time_limit):
+            out.append(f"--time {self.time_limit!r}: use Slurm's forms, e.g. 90, 4:00:00 or 2-00:00:00")
+        return out

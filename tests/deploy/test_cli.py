@@ -1,0 +1,40 @@
+"""`npudist deploy` on the command line: bad arguments exit 2 naming the problem, and write nothing."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from npudist.cli import app
+
+BAD = [
+    (["k8s", "--accelerator", "tpu"], "--accelerator 'tpu' is unknown: choose one of npu, cuda, cpu"),
+    (["k8s", "--nodes", "0"], "--nodes 0: a job needs at least 1 node"),
+    (["k8s", "--image", "registry:5000/team/npudist"], "has no tag"),
+    (["k8s", "--scheduler", "yarn"], "--scheduler 'yarn' is unknown"),
+    (["k8s", "--monitor-label", "release"], "expected KEY=VALUE"),
+    (["k8s", "--metrics-port", "9400", "--nproc-per-node", "2", "--accelerator", "cpu"], "--exporter-port 9400"),
+    (["slurm", "--accelerator", "rocm"], "--accelerator 'rocm' is unknown"),
+    (["slurm", "--nodes", "-1"], "--nodes -1"),
+    (["slurm", "--sd-dir", "relative/sd"], "--sd-dir 'relative/sd': give an absolute path"),
+    (["slurm", "--script", "train.py 'unclosed"], "--script"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_arguments_exit_2_with_a_message(args, message, tmp_path):
+    res = CliRunner().invoke(app, ["deploy", *args, "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_k8s_and_slurm_write_their_files(tmp_path):
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "k"), "--accelerator", "cuda",
+                                   "--image", "registry:5000/npudist:1.0", "--scheduler", "volcano"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "k" / "job-volcano.yaml").is_file() and (tmp_path / "k" / "kustomization.yaml").is_file()
+    assert "registry:5000/npudist:1.0" in (tmp_path / "k" / "exporter-daemonset.yaml").read_text()
+    res = CliRunner().invoke(app, ["deploy", "slurm", "--out", str(tmp_path / "s"), "--hosts", "n1"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "s" / "npudist.sbatch").stat().st_mode & 0o111
