@@ -275,7 +275,7 @@ def report(out: Path) -> int:
     env = _json(out / "env.json") or {}
     bench = _json(out / f"{BENCH_STEP}.json")
     checks = []
-    gpu = gpu_check(_read(out / "nvidia-smi.txt") or "", env)
+    gpu = gpu_check(_read(out / "nvidia-smi.log") or "", env)
     if gpu is not None:
         checks.append(gpu)
     checks += pytest_checks(steps.get(PYTEST_STEP), _read(out / f"{PYTEST_STEP}.xml"),

@@ -129,3 +129,22 @@ def test_report_bench_and_gpu_checks() -> None:
     assert no_cuda["outcome"] == "failed" and "2.13.0+cpu has no CUDA" in no_cuda["reason"]
     assert dc.gpu_check(smi, {"torch": "2.11.0", "torch_cuda": "13.0", "cuda_device_count": 1})["outcome"] == "passed"
     assert dc.gpu_check("", cpu_torch) is None
+
+
+def test_report_fails_a_gpu_host_whose_torch_cannot_use_it(tmp_path: Path, sample_run: tuple[str, str],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Files as device-check.sh leaves them where nvidia-smi lists a GPU but torch is a CPU build: the
+    skipped tests must not read as a clean run."""
+    junit, log = sample_run
+    (tmp_path / "nvidia-smi.log").write_text("GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n")
+    (tmp_path / "env.json").write_text(json.dumps({"torch": "2.13.0+cpu", "torch_cuda": None, "cuda_device_count": 0,
+                                                   "cuda_reason": "no CUDA"}))
+    (tmp_path / "steps.tsv").write_text("pytest-cuda\tran\t1\t12\t330\tpytest-cuda.log\n"
+                                        "bench-all_reduce\tskipped\t\t0\t\tno CUDA\n")
+    (tmp_path / "pytest-cuda.xml").write_text(junit)
+    (tmp_path / "pytest-cuda.log").write_text(log)
+    assert dc.report(tmp_path) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "device-check: 1 passed, 2 failed, 2 skipped"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    [gpu] = [c for c in summary["checks"] if c["kind"] == "environment"]
+    assert gpu["outcome"] == "failed" and "lists 1 GPU(s) but torch 2.13.0+cpu has no CUDA" in gpu["reason"]
