@@ -34,7 +34,7 @@ fi
 if [[ "$PY" == */* && "$PY" != /* ]]; then PY=$PWD/$PY; fi  # a relative path means the caller's directory
 cd "$ROOT" || exit 2
 if ! "$PY" -c 'import sys' >/dev/null 2>&1; then
-  echo "device-check: cannot run Python '$PY'; set PYTHON=/path/to/python"
+  echo "cannot run Python '$PY'; set PYTHON=/path/to/python"
   echo "device-check: 0 passed, 1 failed, 0 skipped"
   exit 1
 fi
@@ -47,7 +47,7 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 BUDGET_S=${DEVICE_CHECK_BUDGET_S:-470}
 REPORT_RESERVE_S=15
 printf '{"started_at": "%s", "epoch": %s}\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(date +%s)" >"$OUT/started.json"
-echo "device-check: python $PY, results in $OUT, budget ${BUDGET_S} s"
+echo "== device check: python $PY, results in $OUT, budget ${BUDGET_S} s"
 
 # Seconds a step may take: what it asks for, within what is left of the budget (the report's share kept).
 limit_for() {
