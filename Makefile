@@ -22,3 +22,9 @@ test: setup
 
 lint:
 	$(PYTHON) -m ruff check src tests examples benchmarks
+
+# The prepared GPU check (scripts/device-check.sh): cuda tests, NVML, the NCCL benchmark, in under 8 minutes;
+# results in $(OUT) when set, else runs/device-check/<time>. Skips everything, with reasons, without a GPU.
+.PHONY: device-check
+device-check:
+	PYTHON=$(PYTHON) bash scripts/device-check.sh

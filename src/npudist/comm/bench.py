@@ -169,8 +169,9 @@ def collective(
             from npudist.comm.constraints import profile as lookup
 
             lookup(profile)
-        if nproc < 2 or blocks < 1 or iters < 1:
-            raise ValueError("--nproc must be at least 2, --blocks and --iters at least 1")
+        # One rank is allowed, as in nccl-tests on one GPU: the time and algbw are real, busbw is 0.
+        if nproc < 1 or blocks < 1 or iters < 1:
+            raise ValueError("--nproc, --blocks and --iters must be at least 1")
         size_list = sizes(parse_size(min_bytes), parse_size(max_bytes))
     except ValueError as exc:
         Console(stderr=True).print(f"[bold red]npudist bench collective:[/] {exc}")

@@ -1,0 +1,101 @@
+"""Rank telemetry from the real CUDA caching allocator and from torch.profiler on CUDA.
+
+The caching allocator keeps freed blocks reserved for reuse until empty_cache() (PyTorch docs, "CUDA
+semantics: memory management"), so freeing every other block leaves reserved memory no tensor uses:
+fragmentation 1 - allocated/reserved > 0; allocating the same sizes again reuses those blocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from npudist.accelerators import get
+from npudist.telemetry.allocator import AllocatorCollector, read_allocator
+from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.training import StepTimer, TrainingMetrics
+from tests.telemetry.exp_helpers import families, registry_text, samples
+
+pytestmark = pytest.mark.cuda
+
+BLOCK = 512 << 10  # small-pool size (<= 1 MiB): served from 2 MiB segments, four blocks each
+LABELS = ["0", "0", "node"]
+
+
+@pytest.mark.timeout(60)
+def test_fragmentation_from_the_caching_allocator() -> None:
+    acc = get("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    blocks = [torch.empty(BLOCK, dtype=torch.uint8, device="cuda:0") for _ in range(64)]
+    del blocks[::2]  # every other block freed: holes inside segments the allocator keeps
+    torch.cuda.synchronize()
+    holed = read_allocator(acc, 0)
+    assert holed is not None
+    assert holed.allocated_bytes == torch.cuda.memory_allocated(0)
+    assert holed.reserved_bytes == torch.cuda.memory_reserved(0)
+    assert holed.reserved_bytes - holed.allocated_bytes >= 32 * BLOCK, holed
+    assert holed.fragmentation_ratio is not None and 0 < holed.fragmentation_ratio < 1, holed
+
+    health = CollectorHealth()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AllocatorCollector(lambda: acc.memory_stats(0), health, LABELS))
+    fams = families(registry_text(registry))
+    [exported] = samples(fams, "npudist_allocator_fragmentation_ratio").values()
+    assert exported == pytest.approx(holed.fragmentation_ratio)
+    [reserved] = samples(fams, "npudist_allocator_reserved_bytes").values()
+    assert reserved == holed.reserved_bytes
+    assert health.errors("allocator") == {}
+
+    refill = [torch.empty(BLOCK, dtype=torch.uint8, device="cuda:0") for _ in range(32)]
+    torch.cuda.synchronize()
+    filled = read_allocator(acc, 0)
+    assert filled.reserved_bytes == holed.reserved_bytes, (holed, filled)  # the holes were reused
+    assert filled.fragmentation_ratio < holed.fragmentation_ratio, (holed, filled)
+    del blocks, refill
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.timeout(120)
+def test_sampled_step_on_cuda_times_matmul_kernels() -> None:
+    metrics = TrainingMetrics(LABELS)
+    timer = StepTimer(metrics, exchange_every=0, op_every=1, device_type="cuda",
+                      synchronize=torch.cuda.synchronize)
+    a = torch.randn(1024, 1024, device="cuda:0")
+    b = torch.randn(1024, 1024, device="cuda:0")
+    timer.step()  # starts the clock, and the profiler for step 1
+    for _ in range(3):
+        c = torch.relu(a @ b)
+        (c @ a).sum()
+        timer.step()
+    timer.pause()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    fams = families(registry_text(registry))
+    counts = samples(fams, "npudist_op_duration_seconds", "npudist_op_duration_seconds_count")
+    sums = samples(fams, "npudist_op_duration_seconds", "npudist_op_duration_seconds_sum")
+    matmul = [k for k in counts if ("op", "matmul") in k]
+    assert matmul, f"no matmul family among {sorted(counts)}"
+    assert counts[matmul[0]] >= 6 and sums[matmul[0]] > 0  # two products per step, three steps
+
+
+@pytest.mark.timeout(120)
+def test_profiler_on_cuda_captures_device_time_of_mm() -> None:
+    from npudist.telemetry import opprof
+
+    a = torch.randn(2048, 2048, device="cuda:0")
+    torch.cuda.synchronize()
+    prof = opprof.start_profiler("cuda")
+    try:
+        for _ in range(3):
+            a = torch.tanh(a @ a)
+        torch.cuda.synchronize()
+    finally:
+        prof.__exit__(None, None, None)
+    events = [e for e in prof.events() if e.name == "aten::mm"]
+    assert len(events) == 3, sorted({e.name for e in prof.events()})
+    device_us = [getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) for e in events]
+    assert all(us > 0 for us in device_us), device_us  # the GEMM kernels' time, from CUPTI
+    durations = opprof.profiled_op_durations(prof, "cuda")
+    assert [op for op, _ in durations].count("matmul") == 3 and all(s > 0 for _, s in durations), durations
