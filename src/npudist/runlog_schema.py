@@ -238,3 +238,7 @@ def markdown_table() -> str:
         fields = ", ".join(f"`{f.name}`{'*' if f.required else ''} ({TYPES[f.type][1]}: {f.doc})" for f in k.fields)
         lines.append(f"| `{k.name}` | {k.when} | {fields} |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m npudist.runlog_schema` prints the docs table
+    print(markdown_table(), end="")
