@@ -7,7 +7,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-DEFAULT_THRESHOLD = 0.12
+from npudist.telemetry.catalogue import THRESHOLDS
+
+DEFAULT_THRESHOLD = THRESHOLDS["skew"].value
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Straggler action: when the skew alert condition holds for N windows in a row, write a diagnosis.
 
-The alert (rules in npudist.dashboards) fires on skew > 0.12 for 5 minutes; in the job the same
-condition is counted in exchange windows, so the diagnosis lands next to the checkpoints while the
-slow card is still slow: which rank, its recent window mean step times, and its device's
-temperature, frequency and utilization as the collectors last read them.
+The alert (rules in npudist.dashboards) fires when skew stays above the catalogue's ``skew`` threshold
+for its duration; in the job the same condition is counted in exchange windows, so the diagnosis lands
+next to the checkpoints while the slow card is still slow: which rank, its recent window mean step
+times, its device's temperature, frequency and utilization as the collectors last read them, and the
+physical card (npu-smi NPU ID and chip) that rank computes on.
 """
 
 from __future__ import annotations
