@@ -34,7 +34,7 @@ def test_reads_devices_and_processes_from_path(fake_path, monkeypatch):
     assert [(r.device_id, r.chip_id) for r in readings] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert readings[0].memory_used_bytes == 16302 * MIB
     assert [p.pid for p in src.processes()] == [3277562, 3277565, 3034986, 3034989]
-    assert fake_path.read_text().splitlines() == ["info", "info"]
+    assert fake_path.read_text().splitlines() == ["info", "info -m", "info"]  # `info -m` once, for logical ids
 
 
 def test_logical_ids_and_queries(fake_path, monkeypatch, tmp_path):

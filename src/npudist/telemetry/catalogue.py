@@ -24,7 +24,17 @@ TYPES = ("gauge", "counter", "histogram")
 DEVICE_LABELS = ("node", "vendor", "device", "chip", "model")
 # `job` is not exposed by the ranks: Prometheus sets it at scrape time (from the scrape config or the
 # file_sd targets file `npudist launch` writes); an exposed `job` would be renamed to `exported_job`.
-RANK_LABELS = ("rank", "local_rank", "node")
+# `device` and `chip` name the physical device the rank computes on with the device metrics' values (npu-smi
+# NPU ID and chip), so queries join a rank to its device on (node, device, chip); empty when unknown.
+RANK_LABELS = ("rank", "local_rank", "node", "device", "chip")
+
+
+def rank_label_values(values: Sequence[str]) -> list[str]:
+    """``values`` as a list, refused unless there is one per RANK_LABELS: collectors append their own labels
+    (op, backend) after these, so a short list would silently shift them onto the wrong names."""
+    if len(values) != len(RANK_LABELS):
+        raise ValueError(f"rank label values {list(values)} must be one per {RANK_LABELS}")
+    return [str(v) for v in values]
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Tensor adaptations made so a backend accepts the call (cast, contiguous, pad, align, stage).",
               (*RANK_LABELS, "op", "backend", "kind"), "npudist.comm.stats()"),
     MetricDef("npudist_collector_errors_total", "counter", "",
-              "Failed reads by collector and reason (timeout, exit_code, parse, missing, error).",
+              "Failed reads by collector and reason (timeout, exit_code, parse, missing, config, error).",
               ("collector", "reason"), "exporter self-monitoring"),
     MetricDef("npudist_collector_last_success_timestamp_seconds", "gauge", "seconds",
               "Unix time of the collector's last successful read.", ("collector",),

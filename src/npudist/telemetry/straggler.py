@@ -40,11 +40,18 @@ def diagnosis(history: list[SkewReport], threshold: float) -> dict[str, Any]:
         "straggler_step_seconds": [r.means[slow] for r in history],
         "mean_step_seconds_all_ranks": mean_all,
         "slowdown_ratio": last.means[slow] / mean_all if mean_all > 0 else None,
-        "device": {"temperature_celsius": at(last.temperatures, slow), "frequency_hertz": at(last.frequencies, slow),
+        "device": {**_physical(at(last.devices, slow)),
+                   "temperature_celsius": at(last.temperatures, slow), "frequency_hertz": at(last.frequencies, slow),
                    "utilization_ratio": at(last.utilizations, slow)},
         "all_ranks_step_seconds": list(last.means),
         "time": time.time(),
     }
+
+
+def _physical(device: tuple[int, int] | None) -> dict[str, int | None]:
+    """The straggler's card as npu-smi names it (NPU ID, chip); None when its rank could not tell."""
+    npu_id, chip_id = device if device is not None else (None, None)
+    return {"npu_id": npu_id, "chip_id": chip_id}
 
 
 class StragglerDiagnosis:
