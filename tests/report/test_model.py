@@ -66,3 +66,16 @@ def test_empty_run_dir_builds_empty_data(tmp_path):
     data = build(load_run(tmp_path))
     assert (data.loss, data.skew, data.comm, data.bench, data.device) == ((), (), (), (), {})
     assert dict(data.summary)["ranks with a log"] == "none"
+
+
+def test_summary_names_each_ranks_physical_device(tmp_path):
+    import json
+
+    root = write_run(tmp_path)
+    with (root / "metrics" / "rank1.jsonl").open("a") as fh:
+        fh.write(json.dumps({"v": 1, "time": 3000.0, "kind": "start", "world": 2, "start_step": 20, "npu_id": 2,
+                             "chip_id": 1}) + "\n")
+    summary = dict(build(load_run(root)).summary)
+    assert summary["physical devices (npu-smi NPU ID, chip)"] == "rank 1: device 2 chip 1"
+    assert dict(build(load_run(write_run(tmp_path / "b"))).summary)[
+        "physical devices (npu-smi NPU ID, chip)"] == "not recorded"

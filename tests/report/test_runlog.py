@@ -2,7 +2,7 @@ import json
 import math
 
 from npudist.comm.stats import Recorder
-from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.readings import DeviceReading, RankDevice
 from npudist.telemetry.runlog import RunLog, device_record, rank_file
 from npudist.telemetry.training import StepTimer, TrainingMetrics
 
@@ -89,7 +89,7 @@ def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
     recorder = Recorder()
     reading = DeviceReading("npu", 4, power_watts=90.0, utilization_ratio=0.5, memory_used_bytes=2**30)
     runlog = RunLog(rank_file(tmp_path, 0), 0, readings=lambda: reading, comm_stats=recorder.snapshot)
-    runlog.start(world=2, accelerator="npu", backend="hccl", start_step=0)
+    runlog.start(world=2, accelerator="npu", backend="hccl", start_step=0, device=RankDevice(2, 1, 5))
     timer = StepTimer(TrainingMetrics(), exchange_every=1, clock=Ticker(0.0))
     runlog.attach(timer)
     timer.step()
@@ -99,6 +99,7 @@ def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
     runlog.close()
     lines = _lines(rank_file(tmp_path, 0))
     assert {r["kind"] for r in lines} == set(schema.KINDS)
+    assert (lines[0]["npu_id"], lines[0]["chip_id"]) == (2, 1)
     for line in lines:
         checked = schema.check(line)
         assert checked["v"] == schema.VERSION

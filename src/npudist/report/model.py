@@ -172,12 +172,15 @@ def summary(run: RunRecords) -> tuple[tuple[str, str], ...]:
         return ", ".join(found) if found else "not recorded"
 
     segments = Counter(r["rank"] for r in starts)
+    devices = {r["rank"]: f"rank {r['rank']}: device {r['npu_id']} chip {r['chip_id']}" for r in starts
+               if r.get("npu_id") is not None and r.get("chip_id") is not None}  # the latest segment's wins
     return (
         ("ranks with a log", f"{len(ranks)} ({run.rank_files} files)" if ranks else "none"),
         ("world size", values("world")),
         ("accelerator", values("accelerator")),
         ("backend", values("backend")),
         ("nodes", values("node")),
+        ("physical devices (npu-smi NPU ID, chip)", "; ".join(devices[k] for k in sorted(devices)) or "not recorded"),
         ("last logged step", str(max(steps)) if steps else "not recorded"),
         ("run segments (starts incl. resumes)", str(max(segments.values())) if segments else "not recorded"),
         ("bench results", str(len(run.bench))),

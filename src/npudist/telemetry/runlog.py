@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from npudist import runlog_schema as schema
 from npudist.runlog_schema import rank_file
-from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.readings import DeviceReading, RankDevice
 from npudist.telemetry.skew import SkewReport
 
 log = logging.getLogger("npudist.telemetry")
@@ -103,9 +103,12 @@ class RunLog:
                 log.warning("run log %s: write failed, further records are dropped: %s", self.path, exc)
             self._failed = True
 
-    def start(self, *, world: int, accelerator: str, backend: str, start_step: int) -> None:
+    def start(self, *, world: int, accelerator: str, backend: str, start_step: int,
+              device: RankDevice | None = None) -> None:
+        """The segment's first record; ``device`` is the physical card and chip this rank computes on."""
+        where = {} if device is None else {"npu_id": device.device_id, "chip_id": device.chip_id}
         self.write({"kind": "start", "world": world, "node": socket.gethostname(), "accelerator": accelerator,
-                    "backend": backend, "start_step": start_step})
+                    "backend": backend, "start_step": start_step, **where})
 
     def step(self, step: int, loss: float | None, step_seconds: float | None) -> None:
         """A logged step, plus this rank's device reading when a device source has a new one (the poller
@@ -145,14 +148,14 @@ def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: An
     if telemetry is not None and telemetry.poller is not None:
         from npudist.telemetry.rank import local_reading
 
-        poller, local_rank = telemetry.poller, ctx.local_rank
+        poller, local_rank, device = telemetry.poller, ctx.local_rank, telemetry.device
 
         def readings() -> DeviceReading | None:
-            return local_reading(poller.snapshot().readings, local_rank)
+            return local_reading(poller.snapshot().readings, local_rank, device)
 
     runlog = RunLog(rank_file(run_dir, ctx.rank), ctx.rank, readings=readings)
     runlog.start(world=ctx.world_size, accelerator=ctx.accelerator.name, backend=ctx.backend,
-                 start_step=start_step)
+                 start_step=start_step, device=telemetry.device if telemetry is not None else None)
     if timer is not None:
         runlog.attach(timer)
     return runlog
