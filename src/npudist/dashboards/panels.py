@@ -153,6 +153,11 @@ OPERATORS = Dashboard(
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
 )
 
+# Rank metrics carry the device/chip the rank computes on (telemetry/rank.py): joined on them, a device
+# series narrows to the straggler's own chip.
+_STRAGGLER = 'npudist_steps_total{job=~"$job", rank=~"$straggler"}'
+_CHIP_LEGEND = "device {{device}} chip {{chip}} on {{node}}"
+
 TRAINING = Dashboard(
     "npudist-training", "npudist / Training sync",
     "Step time per rank, cross-rank skew and the straggler, with its node's device temperature and clock.",
@@ -171,6 +176,14 @@ TRAINING = Dashboard(
         Panel("Straggler's node: slowest device clock", "hertz", (
             _q("npudist:node_device_frequency_hertz:min and on (node) "
                "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9),
+        Panel("Straggler's own device: temperature", "celsius", (
+            _q(f"npudist_device_temperature_celsius and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
+              width=12, description="The card and chip the straggler rank computes on: rank metrics carry its "
+                                    "device/chip labels (npu-smi NPU ID and chip); empty where the device source "
+                                    "cannot locate it (CPU)."),
+        Panel("Straggler's own device: utilization", "percentunit", (
+            _q(f"npudist_device_utilization_ratio and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
+              width=12),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
      Variable("straggler", "npudist_straggler_rank", "")),
