@@ -20,7 +20,7 @@ A3 = parse_mapping((RECORDINGS / "info-m-a3-16chip-constructed.txt").read_text()
 
 def _where(mapping, visible, index):
     d = rank_chip(mapping, visible, index)
-    return d.npu_id, d.chip_id, d.logical_id
+    return d.device_id, d.chip_id, d.logical_id
 
 
 def test_unset_means_every_chip_in_logical_order():

@@ -21,7 +21,12 @@ _MAX_X_TICKS = 12
 _DEC = Context(prec=34, Emax=999_999, Emin=-999_999)
 
 
-def _ticks(lo: Decimal, hi: Decimal, target: int = 6) -> list[Decimal]:
+def nice_ticks(lo: float | Decimal, hi: float | Decimal, target: int = 6) -> list[Decimal]:
+    """Round tick values (1, 2 or 5 times a power of ten) covering [lo, hi]; the last is the first at or
+    above hi, so no point lies outside the axes."""
+    lo, hi = Decimal(lo), Decimal(hi)
+    if not (lo.is_finite() and hi.is_finite()):
+        raise ValueError("tick range must be finite")
     if hi <= lo:
         hi = _DEC.add(lo, abs(lo) or Decimal(1))
     raw = _DEC.divide(_DEC.subtract(hi, lo), target - 1)
@@ -30,16 +35,8 @@ def _ticks(lo: Decimal, hi: Decimal, target: int = 6) -> list[Decimal]:
     first = _DEC.multiply(_DEC.divide(lo, step).to_integral_value(ROUND_FLOOR, _DEC), step)
     ticks = [first]
     while ticks[-1] < hi and len(ticks) <= 2 * target + 2:
-        # the last tick is the first at or above hi, so no point lies outside the axes
         ticks.append(_DEC.add(first, _DEC.multiply(step, len(ticks))))
     return ticks
-
-
-def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten) covering [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError("tick range must be finite")
-    return [float(t) for t in _ticks(Decimal(lo), Decimal(hi), target)]
 
 
 def size_label(n: float) -> str:
@@ -75,7 +72,7 @@ class _Axis:
         else:
             if d_hi == d_lo:
                 d_lo, d_hi = _DEC.subtract(d_lo, 1), _DEC.add(d_hi, 1)
-            self.ticks = _ticks(d_lo, d_hi)
+            self.ticks = nice_ticks(d_lo, d_hi)
             self.step = _DEC.subtract(self.ticks[1], self.ticks[0]) if len(self.ticks) > 1 else Decimal(1)
         self.lo, self.hi = min(d_lo, self.ticks[0]), max(d_hi, self.ticks[-1])
         if self.hi == self.lo:

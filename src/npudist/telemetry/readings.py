@@ -42,10 +42,6 @@ class DeviceReading:
     logical_id: int | None = None
     """Index torch and the visible-devices variable use (npu-smi "Chip Logic ID"), when known."""
 
-    @property
-    def npu_id(self) -> int:
-        return self.device_id
-
 
 @dataclass(frozen=True)
 class ProcessReading:
@@ -68,10 +64,6 @@ class RankDevice:
     chip_id: int
     logical_id: int
     """The index the vendor runtime and its visible-devices variable use (npu-smi Chip Logic ID)."""
-
-    @property
-    def npu_id(self) -> int:
-        return self.device_id
 
 
 class SourceError(RuntimeError):
