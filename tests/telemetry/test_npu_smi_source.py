@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -13,16 +12,6 @@ from npudist.telemetry.npu_smi import NpuSmiSource
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 MIB = 1048576
-
-
-@pytest.fixture
-def fake_path(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    for var in [k for k in os.environ if k.startswith("NPUDIST_FAKE_NPU_SMI")]:
-        monkeypatch.delenv(var)
-    log = tmp_path / "argv.log"
-    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_ARGS", str(log))
-    return log
 
 
 def test_reads_devices_and_processes_from_path(fake_path, monkeypatch):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from npudist.telemetry.rank import LOCATE, locate, rank_labels
 from npudist.telemetry.readings import RankDevice
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fakes" / "npu-smi"
-FAKE_BIN = RECORDINGS.parent / "bin"
 TWO_910B3 = parse_mapping((RECORDINGS / "info-m-mapping.txt").read_text())  # NPU 3 -> logical 0, NPU 4 -> 1
 A3 = parse_mapping((RECORDINGS / "info-m-a3-16chip-constructed.txt").read_text())  # NPU n chip c -> 2n + c
 
@@ -61,32 +59,22 @@ def test_bad_visible_devices_are_refused_with_what_the_runtime_would_see(visible
         rank_chip(A3, visible, index)
 
 
-@pytest.fixture
-def fake_npu_smi(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}")
-    for var in [k for k in os.environ if k.startswith("NPUDIST_FAKE_NPU_SMI")]:
-        monkeypatch.delenv(var)
-    log = tmp_path / "argv.log"
-    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_ARGS", str(log))
-    return log
-
-
-def test_source_locates_through_info_m(fake_npu_smi, monkeypatch):
+def test_source_locates_through_info_m(fake_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MAP", str(RECORDINGS / "info-m-a3-16chip-constructed.txt"))
     assert NpuSmiSource().locate({"ASCEND_RT_VISIBLE_DEVICES": "4,5"}, 1) == RankDevice(2, 1, 5)
-    assert fake_npu_smi.read_text().splitlines() == ["info -m"]
+    assert fake_path.read_text().splitlines() == ["info -m"]
 
 
-def test_read_fills_logical_ids_and_asks_info_m_once(fake_npu_smi, monkeypatch):
+def test_read_fills_logical_ids_and_asks_info_m_once(fake_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(RECORDINGS / "910b2c-8npu-constructed.txt"))
     src = NpuSmiSource()
     for _ in range(3):
         by_id = {r.device_id: r.logical_id for r in src.read()}
     assert by_id[3] == 0 and by_id[4] == 1 and by_id[0] is None  # the 910B table itself has no logical column
-    assert fake_npu_smi.read_text().splitlines() == ["info", "info -m", "info", "info"]
+    assert fake_path.read_text().splitlines() == ["info", "info -m", "info", "info"]
 
 
-def test_a_failing_info_m_is_retried_only_every_n_reads(fake_npu_smi, monkeypatch, tmp_path):
+def test_a_failing_info_m_is_retried_only_every_n_reads(fake_path, monkeypatch, tmp_path):
     from npudist.telemetry.npu_smi import source
 
     monkeypatch.setattr(source, "MAPPING_RETRY_READS", 2)
@@ -94,7 +82,7 @@ def test_a_failing_info_m_is_retried_only_every_n_reads(fake_npu_smi, monkeypatc
     src = NpuSmiSource()
     for _ in range(4):
         assert {r.logical_id for r in src.read()} == {None}
-    assert fake_npu_smi.read_text().splitlines() == ["info", "info -m", "info", "info", "info", "info -m"]
+    assert fake_path.read_text().splitlines() == ["info", "info -m", "info", "info", "info", "info -m"]
 
 
 class _Source:
