@@ -69,7 +69,7 @@ def _exporter(port_out: mp.Queue, hang: bool) -> None:
     poller = Poller(FakeNpuSmi(), health, interval_s=1.0, timeout_s=0.5)
     poller.poll_once()
     poller.start()
-    labels = ["0", "0", "bench"]
+    labels = ["0", "0", "bench", "", ""]  # catalogue.RANK_LABELS: rank, local_rank, node, device, chip
     training = TrainingMetrics(labels)
     for i in range(1000):
         training.steps.observe(0.03 + i * 1e-5)

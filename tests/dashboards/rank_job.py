@@ -4,6 +4,8 @@ Runs until the file argv[1] exists (or 150 s; the ranks agree on when through an
 none is left waiting in a collective). Rank 1 sleeps 0.3 s per step more than rank 0: the straggler.
 CPU keeps no allocator statistics, so the ranks report a fixed caching-allocator state
 (64 MiB reserved; 56 MiB allocated on rank 0, 40 MiB on rank 1: fragmentation 0.125 and 0.375).
+The ranks locate their chips through the fake npu-smi on PATH (`info -m` recording: npu:0 is NPU 3,
+npu:1 is NPU 4), so their metrics carry the device/chip labels the node exporter's 8 NPUs have.
 """
 
 import os
@@ -32,7 +34,7 @@ class AllocatorShim:
 ctx = npudist.init()
 shim = types.SimpleNamespace(rank=ctx.rank, local_rank=ctx.local_rank, device=ctx.device,
                              accelerator=AllocatorShim(ctx.rank))
-tel = npudist.telemetry.serve_rank_metrics(shim, device_source=None)
+tel = npudist.telemetry.serve_rank_metrics(shim, device_source="npu-smi")
 timer = tel.step_timer(exchange_every=3, op_every=6)
 model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.Softmax(-1))
 deadline = time.monotonic() + 150

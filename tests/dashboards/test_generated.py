@@ -73,3 +73,26 @@ def test_every_alert_has_a_runbook_section_and_a_severity():
                 if line.startswith("## ")}
     assert {a.anchor for a in ALERTS} == headings
     assert {a.severity for a in ALERTS} == {"P1", "P2", "P3"}
+
+
+def test_alerts_and_docs_use_the_catalogue_thresholds():
+    import re
+
+    from npudist.dashboards import rules
+    from npudist.telemetry import catalogue
+    from tests.conftest import REPO
+
+    by_alert = {a.name: a for a in rules.ALERTS}
+    docs = (REPO / "docs" / "dashboards.md").read_text() + (REPO / "docs" / "runbook.md").read_text()
+    for t in catalogue.THRESHOLDS.values():
+        alert = by_alert[t.alert]
+        assert re.search(rf"> {re.escape(f'{t.value:g}')}\)?$", alert.expr), alert.expr
+        assert alert.for_ == t.for_ and t.for_words in alert.summary
+        assert t.text in docs or f"{t.value * 1e6:g} µs" in docs, f"docs do not name {t.name} = {t.text}"
+    # Written once: no module that applies a threshold spells its value out.
+    src = REPO / "src" / "npudist"
+    for rel in ("dashboards/rules.py", "dashboards/panels.py", "telemetry/skew.py", "telemetry/straggler.py",
+                "telemetry/training.py"):
+        text = (src / rel).read_text()
+        for literal in ("0.12", "0.30", "0.3 ", "0.0008", "800 us", "> 10", "> 8", "30 %"):
+            assert literal not in text, f"{rel} repeats threshold {literal!r}: read catalogue.THRESHOLDS"

@@ -52,7 +52,8 @@ def stack(tmp_path_factory):
         launch = subprocess.Popen(
             [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
              "--targets-file", str(targets), str(RANK_JOB), str(stop)],
-            env=child_env(), cwd=REPO, stdout=(tmp / "launch.log").open("w"), stderr=subprocess.STDOUT)
+            env=child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"}), cwd=REPO,
+            stdout=(tmp / "launch.log").open("w"), stderr=subprocess.STDOUT)
         procs.append(launch)
         # Test copy of the rules: the straggler alert's `for` shortened from 5m so it goes pending here.
         rules = tmp / "rules.yml"
@@ -117,6 +118,16 @@ def test_eight_devices_from_the_fake_npu_smi(stack):
     # 910b2c-8npu-constructed.txt: Temp(C) of NPUs 0-7, read from the file by hand
     by_device = {s["metric"]["device"]: float(s["value"][1]) for s in temps}
     assert by_device == {"0": 51, "1": 50, "2": 49, "3": 52, "4": 48, "5": 50, "6": 53, "7": 51}
+
+
+def test_ranks_join_their_own_device(stack):
+    _wait_for(stack, "npudist_steps_total", 60)
+    where = {s["metric"]["rank"]: (s["metric"]["device"], s["metric"]["chip"])
+             for s in _series(stack, "npudist_steps_total")}
+    assert where == {"0": ("3", "0"), "1": ("4", "0")}  # info-m-mapping.txt: logical 0 is NPU 3, 1 is NPU 4
+    (temp,) = _series(stack, 'npudist_device_temperature_celsius and on (node, device, chip) '
+                             'npudist_steps_total{rank="1"}')
+    assert (temp["metric"]["device"], float(temp["value"][1])) == ("4", 48.0)  # NPU 4's Temp(C) in the table
 
 
 def test_every_alert_expression_evaluates(stack):

@@ -13,22 +13,25 @@ def test_malformed_lines_are_counted_and_skipped(tmp_path):
 
 
 def test_rank_comes_from_the_file_name_not_the_line():
-    records, problems = parse_rank_lines(['{"time": 1, "kind": "step", "step": 3, "rank": 9}', "", "[1]"],
+    records, problems = parse_rank_lines(['{"v": 1, "time": 1, "kind": "step", "step": 3, "rank": 9}', "", "[1]"],
                                          "metrics/rank4.jsonl", 4)
     assert [r["rank"] for r in records] == [4]
     assert [(p.line, p.reason.split(" (")[0]) for p in problems] == [(3, "not a run-log record")]
 
 
 def test_step_without_integer_step_or_time_is_a_problem():
-    _, problems = parse_rank_lines(['{"time": 1, "kind": "step", "step": "x"}', '{"kind": "comm"}'], "f", 0)
-    assert [p.line for p in problems] == [1, 2]
+    _, problems = parse_rank_lines(['{"v": 1, "time": 1, "kind": "step", "step": "x"}', '{"v": 1, "kind": "comm"}',
+                                    '{"time": 1, "kind": "step", "step": 1}'], "f", 0)
+    assert [(p.line, p.reason) for p in problems] == [
+        (1, "field 'step' must be a non-negative integer, got str"), (2, "field 'time' is missing (required)"),
+        (3, "field 'v' is missing (required)")]
 
 
 def test_bench_rows_without_numbers_are_problems():
     result, problems = parse_bench('{"meta": {}, "rows": [{"size_bytes": 8, "busbw_gbps": 1}, {"size_bytes": 0}]}',
                                    "bench/x.json")
     assert [r["size_bytes"] for r in result.rows] == [8]
-    assert [p.reason for p in problems] == ["row 2 has no positive size_bytes and numeric busbw_gbps"]
+    assert [p.reason for p in problems] == ["row 2 has no positive finite size_bytes and busbw_gbps"]
     result, problems = parse_bench("[]", "bench/y.json")
     assert result is None and "npudist bench collective --json" in problems[0].reason
 
@@ -63,3 +66,16 @@ def test_empty_run_dir_builds_empty_data(tmp_path):
     data = build(load_run(tmp_path))
     assert (data.loss, data.skew, data.comm, data.bench, data.device) == ((), (), (), (), {})
     assert dict(data.summary)["ranks with a log"] == "none"
+
+
+def test_summary_names_each_ranks_physical_device(tmp_path):
+    import json
+
+    root = write_run(tmp_path)
+    with (root / "metrics" / "rank1.jsonl").open("a") as fh:
+        fh.write(json.dumps({"v": 1, "time": 3000.0, "kind": "start", "world": 2, "start_step": 20, "npu_id": 2,
+                             "chip_id": 1}) + "\n")
+    summary = dict(build(load_run(root)).summary)
+    assert summary["physical devices (npu-smi NPU ID, chip)"] == "rank 1: device 2 chip 1"
+    assert dict(build(load_run(write_run(tmp_path / "b"))).summary)[
+        "physical devices (npu-smi NPU ID, chip)"] == "not recorded"

@@ -1,4 +1,5 @@
 import re
+from decimal import Decimal
 
 import pytest
 
@@ -9,9 +10,15 @@ from tests.report.runs import write_run
 
 
 def test_ticks_cover_the_data_with_round_steps():
-    assert nice_ticks(1.07, 4.32) == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert nice_ticks(0.0, 0.105) == [0.0, 0.05, 0.1, 0.15]
-    assert nice_ticks(20, 40) == [20, 25, 30, 35, 40]
+    def floats(lo, hi):
+        return [float(t) for t in nice_ticks(lo, hi)]
+
+    assert floats(1.07, 4.32) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert floats(0.0, 0.105) == [0.0, 0.05, 0.1, 0.15]
+    assert floats(20, 40) == [20, 25, 30, 35, 40]
+    # decimal arithmetic: a range float64 cannot subtract, and one narrower than its smallest step
+    assert nice_ticks(-1.7e308, 1.7e308)[-1] == Decimal("2e308")  # float64 would make it inf
+    assert len(nice_ticks(0.0, 5e-324)) >= 2 and len(nice_ticks(2.0**60, 2.0**60 + 256)) >= 2
     with pytest.raises(ValueError, match="finite"):
         nice_ticks(0, float("inf"))
 

@@ -2,7 +2,7 @@ import json
 import math
 
 from npudist.comm.stats import Recorder
-from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.readings import DeviceReading, RankDevice
 from npudist.telemetry.runlog import RunLog, device_record, rank_file
 from npudist.telemetry.training import StepTimer, TrainingMetrics
 
@@ -81,3 +81,35 @@ def test_a_failing_write_never_stops_training(tmp_path, caplog):
 def test_device_record_without_any_value_is_dropped():
     assert device_record(DeviceReading("cpu", 0)) is None
     assert device_record(DeviceReading("cpu", 0, utilization_ratio=0.5))["utilization_ratio"] == 0.5
+
+
+def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
+    from npudist import runlog_schema as schema
+
+    recorder = Recorder()
+    reading = DeviceReading("npu", 4, power_watts=90.0, utilization_ratio=0.5, memory_used_bytes=2**30)
+    runlog = RunLog(rank_file(tmp_path, 0), 0, readings=lambda: reading, comm_stats=recorder.snapshot)
+    runlog.start(world=2, accelerator="npu", backend="hccl", start_step=0, device=RankDevice(2, 1, 5))
+    timer = StepTimer(TrainingMetrics(), exchange_every=1, clock=Ticker(0.0))
+    runlog.attach(timer)
+    timer.step()
+    timer.step()
+    runlog.step(1, 2.5, 0.125)
+    recorder.record("all_reduce", "gloo", 64, 0.01)
+    runlog.close()
+    lines = _lines(rank_file(tmp_path, 0))
+    assert {r["kind"] for r in lines} == set(schema.KINDS)
+    assert (lines[0]["npu_id"], lines[0]["chip_id"]) == (2, 1)
+    for line in lines:
+        checked = schema.check(line)
+        assert checked["v"] == schema.VERSION
+        assert {k: v for k, v in line.items() if k in checked} == {k: v for k, v in checked.items() if k in line}
+
+
+def test_docs_table_is_generated_from_the_schema():
+    from npudist import runlog_schema as schema
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "report.md").read_text()
+    table = text.split("<!-- runlog-table:begin -->\n", 1)[1].split("<!-- runlog-table:end -->", 1)[0]
+    assert table == schema.markdown_table(), "regenerate with: python -m npudist.runlog_schema"

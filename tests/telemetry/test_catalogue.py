@@ -71,3 +71,19 @@ def test_notes_table_is_generated_from_the_catalogue():
     assert begin in text and end in text, "docs/telemetry-exporter.md lost its metric-table markers"
     table = text.split(begin, 1)[1].split(end, 1)[0]
     assert table == markdown_table(), "regenerate with: python -m npudist.telemetry.catalogue"
+
+
+def test_readme_threshold_table_is_generated_from_the_catalogue():
+    from npudist.telemetry.catalogue import thresholds_table
+
+    text = NOTES.read_text()
+    table = text.split("<!-- threshold-table:begin -->\n", 1)[1].split("<!-- threshold-table:end -->", 1)[0]
+    assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.catalogue --thresholds"
+
+
+def test_the_job_uses_the_catalogue_skew_threshold():
+    from npudist.telemetry.catalogue import THRESHOLDS
+    from npudist.telemetry.straggler import StragglerDiagnosis
+    from npudist.telemetry.training import StepTimer
+
+    assert StepTimer().threshold == StragglerDiagnosis(".").threshold == THRESHOLDS["skew"].value == 0.12

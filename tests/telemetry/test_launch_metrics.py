@@ -1,4 +1,5 @@
 import json
+import os
 import re
 import socket
 
@@ -6,18 +7,22 @@ import pytest
 
 from npudist.accelerators import get
 from npudist.launch import LaunchError, plan
-from tests.conftest import run_npudist
+from tests.conftest import FAKES, child_env, run_npudist
 from tests.telemetry.exp_helpers import families, samples
 
 CPU = get("cpu")
 RANK_SCRIPT = '''
 import json, logging, os, sys, time, urllib.request
 import npudist, npudist.telemetry
+from npudist.telemetry.straggler import StragglerDiagnosis
 
 logging.basicConfig(level=logging.WARNING)
 ctx = npudist.init()
-tel = npudist.telemetry.serve_rank_metrics(ctx, device_source=None)
+# npu-smi is the fake on PATH: the ranks find their chips from its `info -m` and ASCEND_RT_VISIBLE_DEVICES
+tel = npudist.telemetry.serve_rank_metrics(ctx, device_source="npu-smi")
 timer = tel.step_timer(exchange_every=5)
+if ctx.rank == 0:
+    timer.on_exchange.append(StragglerDiagnosis(sys.argv[1], windows=2))
 for _ in range(10):
     with timer:
         time.sleep(0.08 if ctx.rank == 1 else 0.02)  # rank 1 is the artificial straggler
@@ -94,20 +99,29 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
     base, targets = _free_base(), tmp_path / "sd" / "targets.json"
+    env = child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}", "ASCEND_RT_VISIBLE_DEVICES": "4,5",
+                     "NPUDIST_FAKE_NPU_SMI_MAP": str(FAKES / "npu-smi" / "info-m-a3-16chip-constructed.txt")})
     res = run_npudist(["launch", "--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
-                       str(targets), str(script), str(tmp_path)], timeout=180)
+                       str(targets), str(script), str(tmp_path)], env=env, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(targets.read_text())
     assert doc == _doc(base)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["local_rank"], r["port"]) for r in ranks] == [(0, base), (1, base + 1)]
     fams0, fams1 = families(ranks[0]["metrics"]), families(ranks[1]["metrics"])
-    key0 = (("local_rank", "0"), ("node", socket.gethostname()), ("rank", "0"))
+    # ASCEND_RT_VISIBLE_DEVICES=4,5 on a node whose NPU n holds logical chips 2n and 2n+1: both ranks
+    # compute on NPU 2, rank 0 on its chip 0 and rank 1 on its chip 1
+    key0 = (("chip", "0"), ("device", "2"), ("local_rank", "0"), ("node", socket.gethostname()), ("rank", "0"))
+    key1 = (("chip", "1"), ("device", "2"), ("local_rank", "1"), ("node", socket.gethostname()), ("rank", "1"))
     assert samples(fams0, "npudist_steps", "npudist_steps_total") == {key0: 10.0}
+    assert samples(fams1, "npudist_steps", "npudist_steps_total") == {key1: 10.0}
     assert samples(fams0, "npudist_straggler_rank") == {key0: 1.0}
     # means about 0.02 s and 0.08 s: std 0.03 / mean 0.05 = 0.6; scheduling noise only lowers it a little
     assert samples(fams0, "npudist_step_skew_ratio")[key0] > 0.3
     assert samples(fams1, "npudist_step_skew_ratio") == {}  # only rank 0 publishes
-    slow = re.search(r"rank 1 is slowest at (\d+\.\d+) s/step", res.stderr)
+    slow = re.search(r"rank 1 \(device 2 chip 1\) is slowest at (\d+\.\d+) s/step", res.stderr)
     assert slow is not None, res.stderr[-2000:]
     assert float(slow.group(1)) >= 0.08  # it sleeps 0.08 s per step
+    (diagnosis,) = tmp_path.glob("straggler-step*.json")
+    doc = json.loads(diagnosis.read_text())
+    assert doc["straggler_rank"] == 1 and (doc["device"]["npu_id"], doc["device"]["chip_id"]) == (2, 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -15,16 +14,6 @@ FAKES = Path(__file__).resolve().parents[1] / "fakes"
 MIB = 1048576
 
 
-@pytest.fixture
-def fake_path(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    for var in [k for k in os.environ if k.startswith("NPUDIST_FAKE_NPU_SMI")]:
-        monkeypatch.delenv(var)
-    log = tmp_path / "argv.log"
-    monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_ARGS", str(log))
-    return log
-
-
 def test_reads_devices_and_processes_from_path(fake_path, monkeypatch):
     duo = FAKES / "npu-smi" / "310p3-duo-24.1.0.1-processes.txt"
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(duo))
@@ -34,7 +23,7 @@ def test_reads_devices_and_processes_from_path(fake_path, monkeypatch):
     assert [(r.device_id, r.chip_id) for r in readings] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert readings[0].memory_used_bytes == 16302 * MIB
     assert [p.pid for p in src.processes()] == [3277562, 3277565, 3034986, 3034989]
-    assert fake_path.read_text().splitlines() == ["info", "info"]
+    assert fake_path.read_text().splitlines() == ["info", "info -m", "info"]  # `info -m` once, for logical ids
 
 
 def test_logical_ids_and_queries(fake_path, monkeypatch, tmp_path):

@@ -9,8 +9,8 @@ from npudist.telemetry.collectives import CommCollector, histogram_buckets
 from npudist.telemetry.health import CollectorHealth
 from tests.telemetry.exp_helpers import families, samples
 
-RANK = ["1", "1", "n1"]
-KEY = (("local_rank", "1"), ("node", "n1"), ("rank", "1"))
+RANK = ["1", "1", "n1", "5", "0"]
+KEY = (("chip", "0"), ("device", "5"), ("local_rank", "1"), ("node", "n1"), ("rank", "1"))
 
 
 def _text(*collectors) -> dict:
@@ -60,7 +60,7 @@ ALL_REDUCE = OpStats("all_reduce", "gloo", 200, 200 * 4096, 0.06, 200,
 
 def test_comm_collector_exports_the_snapshot():
     fams = _text(CommCollector(CollectorHealth(), RANK, stats=lambda: CommStats((ALL_REDUCE,))))
-    key = (*KEY[:2], ("op", "all_reduce"), KEY[2], ("backend", "gloo"))
+    key = tuple(sorted((*KEY, ("op", "all_reduce"), ("backend", "gloo"))))
     key = tuple(sorted(key))
     assert samples(fams, "npudist_collective_calls", "npudist_collective_calls_total") == {key: 200.0}
     assert samples(fams, "npudist_collective_bytes", "npudist_collective_bytes_total") == {key: 819200.0}

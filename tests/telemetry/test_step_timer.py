@@ -26,14 +26,16 @@ def _fams(metrics: TrainingMetrics) -> dict:
 
 
 def test_context_manager_records_each_step():
-    clock, metrics = FakeClock(), TrainingMetrics(["0", "0", "n1"])
+    clock, metrics = FakeClock(), TrainingMetrics(["0", "0", "n1", "", ""])
     timer = StepTimer(metrics, exchange_every=0, clock=clock)
     for seconds in (0.004, 0.02, 0.3):
         with timer:
             clock.now += seconds
     fams = _fams(metrics)
-    key = (("local_rank", "0"), ("node", "n1"), ("rank", "0"))
+    key = (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", "n1"), ("rank", "0"))
     assert samples(fams, "npudist_steps", "npudist_steps_total") == {key: 3.0}
+    with pytest.raises(ValueError, match="one per"):  # a short list would shift op/backend onto device/chip
+        TrainingMetrics(["0", "0", "n1"])
     hist = fams["npudist_step_duration_seconds"]
     le = {s.labels["le"]: s.value for s in hist.samples if s.name.endswith("_bucket")}
     assert (le["0.001"], le["0.005"], le["0.025"], le["0.25"], le["0.5"], le["+Inf"]) == (0, 1, 2, 2, 3, 3)
@@ -66,8 +68,8 @@ def test_pause_leaves_the_gap_out_and_drops_a_half_profiled_step():
     clock.now += 0.2
     assert timer.step() == pytest.approx(0.2)
     fams = _fams(metrics)
-    assert samples(fams, "npudist_steps", "npudist_steps_total") == {(("local_rank", "0"), ("node", ""),
-                                                                     ("rank", "0")): 2.0}
+    assert samples(fams, "npudist_steps", "npudist_steps_total") == {
+        (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", ""), ("rank", "0")): 2.0}
     hist = fams["npudist_step_duration_seconds"]
     assert [s.value for s in hist.samples if s.name.endswith("_sum")] == [pytest.approx(0.3)]
     assert "npudist_op_duration_seconds" not in fams or not [

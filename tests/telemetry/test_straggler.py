@@ -11,8 +11,9 @@ from npudist.telemetry.training import StepTimer, TrainingMetrics
 from tests.conftest import run_npudist
 
 
-def _report(first, last, means, temp=(None, 71.0), freq=(None, 1.2e9), util=(None, 0.35)):
-    rows = [[m, *(float("nan") if v is None else v for v in (temp[i], freq[i], util[i]))]
+def _report(first, last, means, temp=(None, 71.0), freq=(None, 1.2e9), util=(None, 0.35), npu=(None, 2),
+            chip=(None, 1)):
+    rows = [[m, *(float("nan") if v is None else v for v in (temp[i], freq[i], util[i], npu[i], chip[i]))]
             for i, m in enumerate(means)]
     return skew_report(first, last, rows)
 
@@ -33,7 +34,8 @@ def test_written_after_n_skewed_windows_in_a_row_and_once_per_streak(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["straggler_rank"] == 1 and doc["steps"] == [11, 20]
     assert doc["straggler_step_seconds"] == [0.08, 0.09]
-    assert doc["device"] == {"temperature_celsius": 71.0, "frequency_hertz": 1.2e9, "utilization_ratio": 0.35}
+    assert doc["device"] == {"npu_id": 2, "chip_id": 1, "temperature_celsius": 71.0, "frequency_hertz": 1.2e9,
+                             "utilization_ratio": 0.35}
     assert diag(_report(21, 25, [0.02, 0.09])) is None  # same streak: nothing new
     assert len(list(tmp_path.glob("straggler-*.json"))) == 1
 
@@ -41,6 +43,17 @@ def test_written_after_n_skewed_windows_in_a_row_and_once_per_streak(tmp_path):
 def test_diagnosis_document_numbers():
     doc = diagnosis([_report(1, 5, [0.01, 0.03])], 0.12)
     assert doc["mean_step_seconds_all_ranks"] == pytest.approx(0.02) and doc["slowdown_ratio"] == pytest.approx(1.5)
+
+
+def test_the_straggler_is_named_by_its_card_and_chip_where_its_rank_knows_them():
+    from npudist.telemetry.skew import describe
+
+    located, unknown = _report(1, 5, [0.01, 0.03]), _report(1, 5, [0.03, 0.01])  # rank 0 did not find its chip
+    assert located.devices == (None, (2, 1)) and "rank 1 (device 2 chip 1) is slowest" in describe(located, 0.12)
+    assert "rank 0 is slowest" in describe(unknown, 0.12)
+    assert diagnosis([unknown], 0.12)["device"]["npu_id"] is None
+    four_columns = skew_report(1, 5, [[0.01, 71.0, 1e9, 0.5], [0.03, 70.0, 1e9, 0.5]])  # a rank row without ids
+    assert four_columns.devices == (None, None)
 
 
 def test_time_waiting_in_collectives_is_not_work():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from npudist.telemetry.catalogue import THRESHOLDS as _T
+
 GRAFANA_UNITS = frozenset({"watt", "bytes", "celsius", "percentunit", "s", "Bps", "hertz", "ops", "short",
                            "none"})
 PANEL_TYPES = frozenset({"timeseries", "stat", "table"})
@@ -106,7 +108,9 @@ COMMUNICATION = Dashboard(
                           "(all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1)."),
         Panel("In-flight collectives (backlog)", "short", (
             _q(f"sum by (rank) (npudist_collective_inflight{{{SEL}}})", "rank {{rank}}"),),
-              description="Async handles issued and not yet waited; alerts at > 8 (5 min) and > 10 (2 min)."),
+              description=f"Async handles issued and not yet waited; alerts at > {_T['backlog'].text} "
+                          f"({_T['backlog'].for_words}) and > {_T['backlog_critical'].text} "
+                          f"({_T['backlog_critical'].for_words})."),
         Panel("Adaptations/s by kind", "ops", (
             _q(f"sum by (kind, op) (rate(npudist_collective_adaptations_total{{{SEL}}}[{RATE}]))",
                "{{kind}} {{op}}"),),
@@ -127,7 +131,8 @@ MEMORY = Dashboard(
             _q(f"npudist_allocator_allocated_bytes{{{SEL}}}", "allocated rank {{rank}}"))),
         Panel("Fragmentation per rank", "percentunit", (
             _q(f"npudist_allocator_fragmentation_ratio{{{SEL}}}", "rank {{rank}}"),),
-              description="1 - allocated/reserved; alerts above 0.30 for 10 minutes."),
+              description=f"1 - allocated/reserved; alerts above {_T['fragmentation'].value:g} for "
+                          f"{_T['fragmentation'].for_words}."),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
 )
@@ -140,12 +145,18 @@ OPERATORS = Dashboard(
               width=24),
         Panel("Mean duration per operator and rank", "s", (
             _q(f"npudist:op_duration_seconds:mean{{{SEL}}}", "{{op}} rank {{rank}}"),),
-              description="The matmul alert fires above 800 us for 10 minutes."),
+              description=f"The matmul alert fires above {_T['matmul_seconds'].value * 1e6:g} us for "
+                          f"{_T['matmul_seconds'].for_words}."),
         Panel("Profiled operator calls/s", "ops", (
             _q(f"sum by (op) (rate(npudist_op_duration_seconds_count{{{SEL}}}[{RATE}]))", "{{op}}"),)),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
 )
+
+# Rank metrics carry the device/chip the rank computes on (telemetry/rank.py): joined on them, a device
+# series narrows to the straggler's own chip.
+_STRAGGLER = 'npudist_steps_total{job=~"$job", rank=~"$straggler"}'
+_CHIP_LEGEND = "device {{device}} chip {{chip}} on {{node}}"
 
 TRAINING = Dashboard(
     "npudist-training", "npudist / Training sync",
@@ -154,7 +165,8 @@ TRAINING = Dashboard(
         Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{SEL}}}", "rank {{rank}}"),)),
         Panel("Steps/s", "ops", (_q(f"sum by (rank) (rate(npudist_steps_total{{{SEL}}}[{RATE}]))", "rank {{rank}}"),)),
         Panel("Cross-rank skew", "percentunit", (_q("max by (job) (npudist_step_skew_ratio{job=~\"$job\"})", "skew"),),
-              description="stddev/mean of the ranks' step times; the straggler alert fires above 0.12 for 5 min."),
+              description=f"stddev/mean of the ranks' step times; the straggler alert fires above "
+                          f"{_T['skew'].text} for {_T['skew'].for_words}."),
         Panel("Straggler rank", "none", (_q("max by (job) (npudist_straggler_rank{job=~\"$job\"})", "rank"),),
               type="stat", width=6),
         Panel("Straggler's node: hottest device", "celsius", (
@@ -164,6 +176,14 @@ TRAINING = Dashboard(
         Panel("Straggler's node: slowest device clock", "hertz", (
             _q("npudist:node_device_frequency_hertz:min and on (node) "
                "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9),
+        Panel("Straggler's own device: temperature", "celsius", (
+            _q(f"npudist_device_temperature_celsius and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
+              width=12, description="The card and chip the straggler rank computes on: rank metrics carry its "
+                                    "device/chip labels (npu-smi NPU ID and chip); empty where the device source "
+                                    "cannot locate it (CPU)."),
+        Panel("Straggler's own device: utilization", "percentunit", (
+            _q(f"npudist_device_utilization_ratio and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
+              width=12),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
      Variable("straggler", "npudist_straggler_rank", "")),

@@ -1,6 +1,7 @@
 """Prometheus alerting and recording rules as data, rendered to one rules file.
 
-Thresholds come from the issue (backlog, skew, fragmentation, matmul time) or from ``limits.py``. Each
+Thresholds come from the catalogue's THRESHOLDS (backlog, skew, fragmentation, matmul time; shared with the
+job's own checks and the README) or from ``limits.py``. Each
 alert carries ``severity`` (P1 page now, P2 look today, P3 look this week), a summary, a description naming
 the rank or device, and ``runbook``: a section of docs/runbook.md whose anchor is the alert name in lower case.
 """
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from npudist.dashboards.limits import over_limit_expr
+from npudist.telemetry.catalogue import THRESHOLDS
 
 RUNBOOK = "docs/runbook.md"
 SEVERITIES = ("P1", "P2", "P3")
@@ -95,28 +97,33 @@ RECORDINGS: tuple[Recording, ...] = (
 _WHERE = "rank {{ $labels.rank }} on {{ $labels.node }} (job {{ $labels.job }})"
 _DEVICE = "device {{ $labels.device }} chip {{ $labels.chip }} ({{ $labels.model }}) on {{ $labels.node }}"
 
+_T = THRESHOLDS
+_BACKLOG_P1, _BACKLOG, _SKEW, _FRAG, _MATMUL = (
+    _T["backlog_critical"], _T["backlog"], _T["skew"], _T["fragmentation"], _T["matmul_seconds"])
+
 ALERTS: tuple[Alert, ...] = (
-    Alert("NpudistCollectiveBacklogCritical",
-          "sum by (job, node, rank) (npudist_collective_inflight) > 10", "2m", "P1",
-          "More than 10 collectives in flight for 2 minutes",
+    Alert(_BACKLOG_P1.alert,
+          f"sum by (job, node, rank) (npudist_collective_inflight) > {_BACKLOG_P1.value:g}", _BACKLOG_P1.for_, "P1",
+          f"More than {_BACKLOG_P1.text} collectives in flight for {_BACKLOG_P1.for_words}",
           f"{_WHERE} has {{{{ $value }}}} async collectives issued and not completed: a peer is hung or the "
           "link is saturated."),
-    Alert("NpudistCollectiveBacklog",
-          "sum by (job, node, rank) (npudist_collective_inflight) > 8", "5m", "P2",
-          "More than 8 collectives in flight for 5 minutes",
+    Alert(_BACKLOG.alert,
+          f"sum by (job, node, rank) (npudist_collective_inflight) > {_BACKLOG.value:g}", _BACKLOG.for_, "P2",
+          f"More than {_BACKLOG.text} collectives in flight for {_BACKLOG.for_words}",
           f"{_WHERE} keeps {{{{ $value }}}} async collectives in flight: communication is falling behind compute."),
-    Alert("NpudistStraggler",
-          "max by (job) (npudist_straggler_rank)\nand on (job)\n(max by (job) (npudist_step_skew_ratio) > 0.12)",
-          "5m", "P2", "One rank slows the whole job (step skew above 0.12 for 5 minutes)",
+    Alert(_SKEW.alert,
+          "max by (job) (npudist_straggler_rank)\nand on (job)\n"
+          f"(max by (job) (npudist_step_skew_ratio) > {_SKEW.value:g})",
+          _SKEW.for_, "P2", f"One rank slows the whole job (step skew above {_SKEW.text} for {_SKEW.for_words})",
           "Rank {{ $value }} of job {{ $labels.job }} is the slowest; every other rank waits for it at each "
           "collective. Check its device temperature and clock on the Training sync dashboard."),
-    Alert("NpudistAllocatorFragmentation",
-          "npudist_allocator_fragmentation_ratio > 0.30", "10m", "P3",
-          "Allocator fragmentation above 30 % for 10 minutes",
+    Alert(_FRAG.alert,
+          f"npudist_allocator_fragmentation_ratio > {_FRAG.value:g}", _FRAG.for_, "P3",
+          f"Allocator fragmentation above {_FRAG.text} for {_FRAG.for_words}",
           f"{_WHERE}: {{{{ $value | humanizePercentage }}}} of the memory its allocator reserved holds no tensor."),
-    Alert("NpudistSlowMatmul",
-          'npudist:op_duration_seconds:mean{op="matmul"} > 0.0008', "10m", "P3",
-          "Mean matmul time above 800 us for 10 minutes",
+    Alert(_MATMUL.alert,
+          f'npudist:op_duration_seconds:mean{{op="matmul"}} > {_MATMUL.value:g}', _MATMUL.for_, "P3",
+          f"Mean matmul time above {_MATMUL.value * 1e6:g} us for {_MATMUL.for_words}",
           f"{_WHERE}: matmul takes {{{{ $value | humanizeDuration }}}} on average in the profiled steps."),
     Alert("NpudistDeviceUnhealthy",
           'npudist_device_info{health=~"Alarm|Critical"} == 1', "1m", "P1",

@@ -64,7 +64,18 @@ DEVICE_PLOTS = (
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A plottable number. Records arrive checked (finite float64), but sums and differences of finite
+    values can still overflow to inf, so every derived value is checked again before it is shown."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float64's range
+        return False
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 and _finite(num / den) else None
 
 
 def _by_rank(records: Iterable[dict[str, Any]], kind: str) -> dict[int, list[dict[str, Any]]]:
@@ -108,18 +119,18 @@ def comm_shares(records: list[dict[str, Any]]) -> tuple[CommShare, ...]:
     out = []
     for rank, rows in _by_rank(records, "comm").items():
         wall = sum(float(r["wall_seconds"]) for r in rows if _finite(r.get("wall_seconds")))
-        ops: dict[tuple[str, str], list[float]] = {}
+        ops: dict[tuple[str, str], list[Any]] = {}
         for r in rows:
             for op in r.get("ops") or ():
-                if not isinstance(op, dict) or not all(_finite(op.get(k)) for k in ("calls", "bytes", "seconds")):
-                    continue
-                acc = ops.setdefault((str(op.get("op")), str(op.get("backend"))), [0, 0, 0.0])
-                acc[0] += int(op["calls"])
-                acc[1] += int(op["bytes"])
-                acc[2] += float(op["seconds"])
+                acc = ops.setdefault((op["op"], op["backend"]), [0, 0, 0.0])
+                acc[0] += op["calls"]
+                acc[1] += op["bytes"]
+                acc[2] += op["seconds"]
         collective = sum(acc[2] for acc in ops.values())
-        out.append(CommShare(rank, wall, collective, collective / wall if wall > 0 else None,
-                             tuple((o, b, int(a[0]), int(a[1]), a[2]) for (o, b), a in sorted(ops.items()))))
+        if not (_finite(wall) and _finite(collective)):
+            continue  # sums past float64: no meaningful share to show
+        out.append(CommShare(rank, wall, collective, _ratio(collective, wall),
+                             tuple((o, b, a[0], a[1], a[2]) for (o, b), a in sorted(ops.items()) if _finite(a[2]))))
     return tuple(out)
 
 
@@ -130,7 +141,7 @@ def bench_series(run: RunRecords) -> tuple[Series, ...]:
         m = b.meta
         name = (f"{m.get('op', '?')} {m.get('dtype', '')} {m.get('world', '?')} ranks "
                 f"{m.get('backend', '')} ({b.source})").replace("  ", " ")
-        points = tuple(sorted((float(r["size_bytes"]), float(r["busbw_gbps"])) for r in b.rows))
+        points = tuple(sorted((r["size_bytes"], r["busbw_gbps"]) for r in b.rows))
         if points:
             out.append(Series(name, points))
     return tuple(out)
@@ -142,7 +153,8 @@ def device_series(records: list[dict[str, Any]], t0: float) -> dict[str, tuple[S
     for field_name, _, _, scale in DEVICE_PLOTS:
         series = []
         for rank, rows in by_rank.items():
-            points = tuple(sorted((r["time"] - t0, r[field_name] * scale) for r in rows if _finite(r.get(field_name))))
+            points = tuple(sorted(p for r in rows if _finite(r.get(field_name))
+                                  and _finite((p := (r["time"] - t0, r[field_name] * scale))[0])))
             if points:
                 series.append(Series(f"rank {rank}", points))
         if series:
@@ -160,12 +172,15 @@ def summary(run: RunRecords) -> tuple[tuple[str, str], ...]:
         return ", ".join(found) if found else "not recorded"
 
     segments = Counter(r["rank"] for r in starts)
+    devices = {r["rank"]: f"rank {r['rank']}: device {r['npu_id']} chip {r['chip_id']}" for r in starts
+               if r.get("npu_id") is not None and r.get("chip_id") is not None}  # the latest segment's wins
     return (
         ("ranks with a log", f"{len(ranks)} ({run.rank_files} files)" if ranks else "none"),
         ("world size", values("world")),
         ("accelerator", values("accelerator")),
         ("backend", values("backend")),
         ("nodes", values("node")),
+        ("physical devices (npu-smi NPU ID, chip)", "; ".join(devices[k] for k in sorted(devices)) or "not recorded"),
         ("last logged step", str(max(steps)) if steps else "not recorded"),
         ("run segments (starts incl. resumes)", str(max(segments.values())) if segments else "not recorded"),
         ("bench results", str(len(run.bench))),

@@ -1,21 +1,25 @@
-"""Reading a run directory: rank logs (metrics/rank{R}.jsonl, telemetry/runlog.py) and bench results
-(bench/*.json, `npudist bench collective --out`). Parsing is pure; load_run() is the only I/O.
+"""Reading a run directory: rank logs (format: npudist.runlog_schema) and bench results (bench/*.json,
+`npudist bench collective --out`). Parsing is pure; load_run() is the only I/O.
 
 Bad data never stops the report: a line or file that cannot be used becomes a Problem shown on the page.
+Every value the model sees has been checked here: numbers are finite float64, counts fit int64, text is
+short, and nothing nests deeper than the format defines.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("start", "step", "skew", "device", "comm")
-_RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
+from npudist import runlog_schema as schema
+
+MAX_LINE = 1 << 20
+"""Longest rank-log line read (bytes); the writer's longest (a comm record) is a few KiB."""
+MAX_BENCH = 16 << 20
+_META_KEYS = ("op", "dtype", "world", "backend")
 
 
 @dataclass(frozen=True)
@@ -30,15 +34,16 @@ class Problem:
 @dataclass(frozen=True)
 class BenchResult:
     source: str
-    meta: dict[str, Any]
-    rows: tuple[dict[str, Any], ...]
-    """Rows with at least size_bytes and busbw_gbps, both finite numbers."""
+    meta: dict[str, str]
+    """op, dtype, world, backend as short strings (absent when the file had no usable value)."""
+    rows: tuple[dict[str, float], ...]
+    """size_bytes (> 0) and busbw_gbps, both finite."""
 
 
 @dataclass
 class RunRecords:
     records: list[dict[str, Any]] = field(default_factory=list)
-    """Every usable rank-log record, in file order per rank (each has kind, rank and time)."""
+    """Every usable rank-log record, checked by runlog_schema.check, in file order per rank."""
     bench: list[BenchResult] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     rank_files: int = 0
@@ -48,54 +53,101 @@ class ReportError(ValueError):
     """The run directory cannot be reported on at all; the message says what to pass instead."""
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str) -> Any:
+    """Standard JSON only (no NaN/Infinity); ValueError with a short reason for anything else."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def parse_rank_lines(lines: Iterable[str], source: str, rank: int) -> tuple[list[dict[str, Any]], list[Problem]]:
-    """Records of one rank log; a line that is not a JSON object of a known kind is a Problem."""
+    """Records of one rank log; a line that is not a valid record of this version is a Problem.
+
+    Lines written by a newer npudist are summed into one Problem that says to upgrade.
+    """
     records: list[dict[str, Any]] = []
     problems: list[Problem] = []
+    newer: list[tuple[int, int]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE:
+            problems.append(Problem(source, number, f"line longer than {MAX_LINE} characters"))
+            continue
         try:
-            record = json.loads(line)
-        except ValueError:
+            raw = parse_json(line)
+        except ValueError as exc:
             # A run killed mid-write leaves half a line: count it, keep the rest.
-            problems.append(Problem(source, number, "not JSON (a truncated or hand-edited line?)"))
+            problems.append(Problem(source, number, f"not JSON (a truncated or hand-edited line?): {str(exc)[:80]}"))
             continue
-        if not isinstance(record, dict) or record.get("kind") not in KINDS:
-            problems.append(Problem(source, number, f"not a run-log record (kind must be one of {', '.join(KINDS)})"))
+        try:
+            record = schema.check(raw)
+        except schema.NewerVersion as exc:
+            newer.append((number, exc.version))
             continue
-        if record["kind"] == "step" and not (isinstance(record.get("step"), int) and record["step"] >= 0):
-            problems.append(Problem(source, number, "step record without a non-negative integer step"))
-            continue
-        if not _is_number(record.get("time")):
-            problems.append(Problem(source, number, "record without a numeric time"))
+        except schema.RecordError as exc:
+            problems.append(Problem(source, number, str(exc)))
             continue
         record["rank"] = rank  # the file name is the authority: a copied line cannot move to another rank
         records.append(record)
+    if newer:
+        problems.append(Problem(source, newer[0][0], f"{len(newer)} line(s) skipped: "
+                                + schema.newer_message(max(v for _, v in newer))))
     return records, problems
+
+
+def _meta(meta: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key in _META_KEYS:
+        value = meta.get(key)
+        if isinstance(value, str) and len(value) <= 64:
+            out[key] = value
+        elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= schema.MAX_COUNT:
+            out[key] = str(value)
+    return out
+
+
+def _bench_row(row: Any) -> dict[str, float] | None:
+    if not isinstance(row, dict):
+        return None
+    try:
+        size, busbw = schema.TYPES["number"][0](row.get("size_bytes")), schema.TYPES["number"][0](row.get("busbw_gbps"))
+    except schema.RecordError:
+        return None
+    return {"size_bytes": size, "busbw_gbps": busbw} if size > 0 else None
 
 
 def parse_bench(text: str, source: str) -> tuple[BenchResult | None, list[Problem]]:
     """One `npudist bench collective --json` document; rows without a usable size/busbw are Problems."""
     try:
-        doc = json.loads(text)
+        doc = parse_json(text)
     except ValueError:
         return None, [Problem(source, None, "not JSON; expected the output of npudist bench collective --json")]
     if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) or not isinstance(doc.get("rows"), list):
         return None, [Problem(source, None, "expected an object with 'meta' and 'rows' (npudist bench collective "
                                             "--json)")]
     rows, problems = [], []
-    for i, row in enumerate(doc["rows"], 1):
-        if isinstance(row, dict) and _is_number(row.get("size_bytes")) and row["size_bytes"] > 0 \
-                and _is_number(row.get("busbw_gbps")):
+    for i, raw in enumerate(doc["rows"], 1):
+        row = _bench_row(raw)
+        if row is not None:
             rows.append(row)
         else:
-            problems.append(Problem(source, None, f"row {i} has no positive size_bytes and numeric busbw_gbps"))
-    return BenchResult(source, doc["meta"], tuple(rows)), problems
+            problems.append(Problem(source, None, f"row {i} has no positive finite size_bytes and busbw_gbps"))
+    return BenchResult(source, _meta(doc["meta"]), tuple(rows)), problems
+
+
+def _read_lines(path: Path) -> Iterable[str]:
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        while line := fh.readline(MAX_LINE + 1):
+            if not line.endswith("\n") and len(line) > MAX_LINE:  # skip the rest of an over-long line
+                while (rest := fh.readline(MAX_LINE)) and not rest.endswith("\n"):
+                    pass
+            yield line.removesuffix("\n")
 
 
 def load_run(run_dir: str | Path) -> RunRecords:
@@ -103,31 +155,33 @@ def load_run(run_dir: str | Path) -> RunRecords:
     root = Path(run_dir)
     if not root.is_dir():
         raise ReportError(f"run directory {str(root)!r} does not exist or is not a directory; pass the --run-dir "
-                          f"the job wrote (it holds metrics/rank0.jsonl)")
+                          f"the job wrote (it holds {schema.METRICS_DIR}/rank0.jsonl)")
     out = RunRecords()
-    metrics = root / "metrics"
-    files = sorted(metrics.glob("rank*.jsonl")) if metrics.is_dir() else []
-    for path in files:
-        m = _RANK_FILE.fullmatch(path.name)
-        if m is None:
+    metrics = root / schema.METRICS_DIR
+    for path in sorted(metrics.glob("rank*.jsonl")) if metrics.is_dir() else []:
+        rank = schema.rank_of(path.name)
+        if rank is None:
             continue
-        source = f"metrics/{path.name}"
+        source = f"{schema.METRICS_DIR}/{path.name}"
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            records, problems = parse_rank_lines(_read_lines(path), source, rank)
         except OSError as exc:
             out.problems.append(Problem(source, None, f"cannot read: {exc}"))
             continue
         out.rank_files += 1
-        records, problems = parse_rank_lines(text.splitlines(), source, int(m.group(1)))
         out.records += records
         out.problems += problems
     bench = root / "bench"
     for path in sorted(bench.glob("*.json")) if bench.is_dir() else []:
         source = f"bench/{path.name}"
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            with path.open(encoding="utf-8", errors="replace") as fh:
+                text = fh.read(MAX_BENCH + 1)
         except OSError as exc:
             out.problems.append(Problem(source, None, f"cannot read: {exc}"))
+            continue
+        if len(text) > MAX_BENCH:
+            out.problems.append(Problem(source, None, f"larger than {MAX_BENCH} characters; not a bench result"))
             continue
         result, problems = parse_bench(text, source)
         out.problems += problems

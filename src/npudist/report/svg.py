@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from decimal import ROUND_FLOOR, Context, Decimal
 from html import escape
 
 from npudist.report.model import Series
@@ -14,21 +15,27 @@ from npudist.report.model import Series
 # Colour-blind-safe palette (Okabe & Ito, "Color Universal Design"), cycled per series.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 _MARGIN_L, _MARGIN_R, _MARGIN_T, _MARGIN_B = 70, 20, 20, 50
+_MAX_X_TICKS = 12
+# Axis arithmetic is decimal: any finite float64 range (1e-320 wide, or -1.7e308..1.7e308) has a span, round
+# ticks and pixel positions without overflow, underflow or a tick loop that float rounding stalls.
+_DEC = Context(prec=34, Emax=999_999, Emin=-999_999)
 
 
-def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten) covering [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
+def nice_ticks(lo: float | Decimal, hi: float | Decimal, target: int = 6) -> list[Decimal]:
+    """Round tick values (1, 2 or 5 times a power of ten) covering [lo, hi]; the last is the first at or
+    above hi, so no point lies outside the axes."""
+    lo, hi = Decimal(lo), Decimal(hi)
+    if not (lo.is_finite() and hi.is_finite()):
         raise ValueError("tick range must be finite")
     if hi <= lo:
-        hi = lo + (abs(lo) or 1.0)
-    raw = (hi - lo) / max(target - 1, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.floor(lo / step) * step
-    ticks = [round(first, 12)]
-    while ticks[-1] < hi:  # the last tick is the first at or above hi, so no point lies outside the axes
-        ticks.append(round(first + len(ticks) * step, 12))
+        hi = _DEC.add(lo, abs(lo) or Decimal(1))
+    raw = _DEC.divide(_DEC.subtract(hi, lo), target - 1)
+    power = Decimal(1).scaleb(raw.adjusted(), _DEC)
+    step = next(p for m in (1, 2, 5, 10) if (p := _DEC.multiply(power, m)) >= raw)
+    first = _DEC.multiply(_DEC.divide(lo, step).to_integral_value(ROUND_FLOOR, _DEC), step)
+    ticks = [first]
+    while ticks[-1] < hi and len(ticks) <= 2 * target + 2:
+        ticks.append(_DEC.add(first, _DEC.multiply(step, len(ticks))))
     return ticks
 
 
@@ -36,12 +43,44 @@ def size_label(n: float) -> str:
     """Bytes with binary suffixes as nccl-tests sizes are given: 1024 -> 1K, 67108864 -> 64M."""
     for suffix, unit in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if n >= unit and n % unit == 0:
-            return f"{int(n // unit)}{suffix}"
-    return f"{n:g}"
+            return f"{Decimal(n) / unit:.6g}{suffix}"
+    return f"{Decimal(n):.6g}"
 
 
-def number_label(v: float) -> str:
-    return f"{v:.4g}"
+def number_label(v: Decimal | float, step: Decimal | None = None) -> str:
+    """``v`` with enough significant digits that ticks ``step`` apart read differently (4 at least)."""
+    v = Decimal(v).normalize(_DEC)
+    digits = 4
+    if step is not None and v != 0:
+        digits = min(17, max(4, v.adjusted() - step.adjusted() + 1))
+    return f"{v:.{digits}g}"
+
+
+class _Axis:
+    """One axis: ticks covering the data, and each value's position along it."""
+
+    def __init__(self, lo: float, hi: float, *, from_zero: bool = False, integer_ticks: bool = False) -> None:
+        d_lo, d_hi = Decimal(min(lo, 0.0) if from_zero else lo), Decimal(hi)
+        if integer_ticks:  # log2 axes: one tick per power of two, thinned to stay readable
+            first, last = math.floor(lo), math.ceil(hi)
+            if first == last:
+                first, last = first - 1, last + 1
+                d_lo, d_hi = Decimal(first), Decimal(last)
+            stride = max(1, math.ceil((last - first + 1) / _MAX_X_TICKS))
+            self.ticks = [Decimal(k) for k in range(first, last + stride, stride)]
+            self.step = Decimal(stride)
+        else:
+            if d_hi == d_lo:
+                d_lo, d_hi = _DEC.subtract(d_lo, 1), _DEC.add(d_hi, 1)
+            self.ticks = nice_ticks(d_lo, d_hi)
+            self.step = _DEC.subtract(self.ticks[1], self.ticks[0]) if len(self.ticks) > 1 else Decimal(1)
+        self.lo, self.hi = min(d_lo, self.ticks[0]), max(d_hi, self.ticks[-1])
+        if self.hi == self.lo:
+            self.hi = _DEC.add(self.lo, 1)
+
+    def frac(self, v: float | Decimal) -> float:
+        """0 at the axis start, 1 at its end."""
+        return float(_DEC.divide(_DEC.subtract(Decimal(v), self.lo), _DEC.subtract(self.hi, self.lo)))
 
 
 def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, log2_x: bool = False,
@@ -50,33 +89,23 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
     points = [p for s in series for p in s.points if not log2_x or p[0] > 0]
     if not points:
         raise ValueError(f"chart {title!r} has no points to draw")
+    if not all(math.isfinite(x) and math.isfinite(y) for x, y in points):
+        raise ValueError(f"chart {title!r} has a non-finite point; series hold finite values only")
 
     def xv(x: float) -> float:
         return math.log2(x) if log2_x else x
 
     xs = [xv(x) for x, _ in points]
     ys = [y for _, y in points]
-    x_lo, x_hi = min(xs), max(xs)
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
-    if log2_x:
-        x_ticks = [float(k) for k in range(math.floor(x_lo), math.ceil(x_hi) + 1)]
-        if len(x_ticks) > 12:  # keep labels readable: every other power of two
-            x_ticks = x_ticks[::2]
-    else:
-        x_ticks = nice_ticks(x_lo, x_hi)
-    y_ticks = nice_ticks(min(0.0, min(ys)) if y_from_zero else min(ys), max(ys))
-    x_lo, x_hi = min(x_lo, x_ticks[0]), max(x_hi, x_ticks[-1])
-    y_lo, y_hi = y_ticks[0], y_ticks[-1]
-    if y_hi == y_lo:
-        y_hi = y_lo + 1
     pw, ph = width - _MARGIN_L - _MARGIN_R, height - _MARGIN_T - _MARGIN_B
+    x_axis = _Axis(min(xs), max(xs), integer_ticks=log2_x)
+    y_axis = _Axis(min(ys), max(ys), from_zero=y_from_zero)
 
     def px(x: float) -> float:
-        return _MARGIN_L + (xv(x) - x_lo) / (x_hi - x_lo) * pw
+        return _MARGIN_L + x_axis.frac(xv(x)) * pw
 
-    def py(y: float) -> float:
-        return _MARGIN_T + ph - (y - y_lo) / (y_hi - y_lo) * ph
+    def py(y: float | Decimal) -> float:
+        return _MARGIN_T + ph - y_axis.frac(y) * ph
 
     legend_rows = math.ceil(len(series) / 2)
     total_h = height + 18 * legend_rows + 6
@@ -84,17 +113,17 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
            f'viewBox="0 0 {width} {total_h}" data-plot="{escape(plot_id)}" data-series="{len(series)}">',
            f"<title>{escape(title)}</title>",
            f'<rect x="{_MARGIN_L}" y="{_MARGIN_T}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#999"/>']
-    for t in x_ticks:
-        x = _MARGIN_L + (t - x_lo) / (x_hi - x_lo) * pw
-        label = size_label(2**t) if log2_x else number_label(t)
+    for t in x_axis.ticks:
+        x = _MARGIN_L + x_axis.frac(t) * pw
+        label = size_label(2 ** int(t)) if log2_x else number_label(t, x_axis.step)
         out.append(f'<line x1="{x:.1f}" y1="{_MARGIN_T}" x2="{x:.1f}" y2="{_MARGIN_T + ph}" stroke="#e3e3e3"/>'
                    f'<text x="{x:.1f}" y="{_MARGIN_T + ph + 16}" text-anchor="middle" font-size="11">'
                    f"{escape(label)}</text>")
-    for t in y_ticks:
+    for t in y_axis.ticks:
         y = py(t)
         out.append(f'<line x1="{_MARGIN_L}" y1="{y:.1f}" x2="{_MARGIN_L + pw}" y2="{y:.1f}" stroke="#e3e3e3"/>'
                    f'<text x="{_MARGIN_L - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">'
-                   f"{escape(number_label(t))}</text>")
+                   f"{escape(number_label(t, y_axis.step))}</text>")
     out.append(f'<text x="{_MARGIN_L + pw / 2:.1f}" y="{_MARGIN_T + ph + 36}" text-anchor="middle" '
                f'font-size="12">{escape(x_label)}</text>')
     out.append(f'<text x="14" y="{_MARGIN_T + ph / 2:.1f}" text-anchor="middle" font-size="12" '

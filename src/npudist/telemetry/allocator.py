@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from npudist.telemetry.catalogue import family
+from npudist.telemetry.catalogue import family, rank_label_values
 from npudist.telemetry.health import CollectorHealth
 
 NAME = "allocator"
@@ -61,7 +61,7 @@ class AllocatorCollector:
 
     def __init__(self, stats: Callable[[], Mapping[str, int]], health: CollectorHealth,
                  rank_labels: Sequence[str]) -> None:
-        self.stats, self.health, self.labels = stats, health, list(rank_labels)
+        self.stats, self.health, self.labels = stats, health, rank_label_values(rank_labels)
 
     def collect(self) -> Iterator[Metric]:
         allocated_f = family("npudist_allocator_allocated_bytes")

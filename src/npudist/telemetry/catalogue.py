@@ -24,7 +24,17 @@ TYPES = ("gauge", "counter", "histogram")
 DEVICE_LABELS = ("node", "vendor", "device", "chip", "model")
 # `job` is not exposed by the ranks: Prometheus sets it at scrape time (from the scrape config or the
 # file_sd targets file `npudist launch` writes); an exposed `job` would be renamed to `exported_job`.
-RANK_LABELS = ("rank", "local_rank", "node")
+# `device` and `chip` name the physical device the rank computes on with the device metrics' values (npu-smi
+# NPU ID and chip), so queries join a rank to its device on (node, device, chip); empty when unknown.
+RANK_LABELS = ("rank", "local_rank", "node", "device", "chip")
+
+
+def rank_label_values(values: Sequence[str]) -> list[str]:
+    """``values`` as a list, refused unless there is one per RANK_LABELS: collectors append their own labels
+    (op, backend) after these, so a short list would silently shift them onto the wrong names."""
+    if len(values) != len(RANK_LABELS):
+        raise ValueError(f"rank label values {list(values)} must be one per {RANK_LABELS}")
+    return [str(v) for v in values]
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Tensor adaptations made so a backend accepts the call (cast, contiguous, pad, align, stage).",
               (*RANK_LABELS, "op", "backend", "kind"), "npudist.comm.stats()"),
     MetricDef("npudist_collector_errors_total", "counter", "",
-              "Failed reads by collector and reason (timeout, exit_code, parse, missing, error).",
+              "Failed reads by collector and reason (timeout, exit_code, parse, missing, config, error).",
               ("collector", "reason"), "exporter self-monitoring"),
     MetricDef("npudist_collector_last_success_timestamp_seconds", "gauge", "seconds",
               "Unix time of the collector's last successful read.", ("collector",),
@@ -108,6 +118,58 @@ CATALOGUE: tuple[MetricDef, ...] = (
 )
 
 BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOGUE}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A limit on a metric that the alert rules, the dashboards, the job's own checks (skew warning,
+    straggler diagnosis) and the README all use: written here once."""
+
+    name: str
+    metric: str
+    """Catalogue metric (or recording rule) compared with ``value``."""
+    value: float
+    for_: str
+    """How long the condition must hold before the alert fires (Prometheus duration)."""
+    alert: str
+    why: str
+    percent: bool = False
+    """Shown to people as a percentage (a ratio of memory) rather than as the ratio."""
+
+    @property
+    def text(self) -> str:
+        return f"{self.value * 100:g} %" if self.percent else f"{self.value:g}"
+
+    @property
+    def for_words(self) -> str:
+        """``5m`` -> ``5 minutes``."""
+        number, unit = self.for_[:-1], {"s": "second", "m": "minute", "h": "hour"}[self.for_[-1]]
+        return f"{number} {unit}{'' if number == '1' else 's'}"
+
+
+THRESHOLDS: dict[str, Threshold] = {t.name: t for t in (
+    # Values from the issue that specified the alerts (#3): skew 0.12 for 5 min, backlog > 10 for 2 min
+    # (page) and > 8 for 5 min, fragmentation 30 % for 10 min, matmul mean 800 us for 10 min.
+    Threshold("skew", "npudist_step_skew_ratio", 0.12, "5m", "NpudistStraggler",
+              "stddev/mean of the ranks' window step times; the job logs a warning and writes the straggler "
+              "diagnosis above it"),
+    Threshold("backlog_critical", "npudist_collective_inflight", 10, "2m", "NpudistCollectiveBacklogCritical",
+              "collectives in flight per rank: a peer is hung or the link saturated"),
+    Threshold("backlog", "npudist_collective_inflight", 8, "5m", "NpudistCollectiveBacklog",
+              "collectives in flight per rank: communication falls behind compute"),
+    Threshold("fragmentation", "npudist_allocator_fragmentation_ratio", 0.30, "10m", "NpudistAllocatorFragmentation",
+              "share of the allocator's reserved memory holding no tensor", percent=True),
+    Threshold("matmul_seconds", "npudist:op_duration_seconds:mean", 0.0008, "10m", "NpudistSlowMatmul",
+              "mean matmul self time in the profiled steps, seconds"),
+)}
+
+
+def thresholds_table(rows: Iterable[Threshold] = THRESHOLDS.values()) -> str:
+    """The README threshold table, generated so it cannot drift from the rules and the job's checks."""
+    lines = ["| threshold | metric | above | for | alert | meaning |", "|---|---|---|---|---|---|"]
+    for t in rows:
+        lines.append(f"| `{t.name}` | `{t.metric}` | {t.text} | {t.for_} | {t.alert} | {t.why} |")
+    return "\n".join(lines) + "\n"
 
 # Suffixes that betray a non-base unit (milliseconds, percent, MiB, ...).
 _BAD_SUFFIXES = ("_ms", "_milliseconds", "_us", "_percent", "_pct", "_mb", "_mib", "_kb", "_kib", "_gb",
@@ -175,5 +237,7 @@ def markdown_table(rows: Iterable[MetricDef] = CATALOGUE) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m npudist.telemetry.catalogue` prints the table
-    print(markdown_table(), end="")
+if __name__ == "__main__":  # pragma: no cover - `python -m npudist.telemetry.catalogue [--thresholds]`
+    import sys
+
+    print(thresholds_table() if "--thresholds" in sys.argv else markdown_table(), end="")

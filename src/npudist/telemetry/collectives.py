@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
-from npudist.telemetry.catalogue import family
+from npudist.telemetry.catalogue import family, rank_label_values
 from npudist.telemetry.health import CollectorHealth
 
 NAME = "comm"
@@ -48,7 +48,7 @@ def histogram_buckets(pairs: Sequence[tuple[float, int]]) -> list[tuple[str, flo
 class CommCollector:
     def __init__(self, health: CollectorHealth, rank_labels: Sequence[str],
                  stats: Callable[[], Any] | None = None) -> None:
-        self.health, self.labels = health, list(rank_labels)
+        self.health, self.labels = health, rank_label_values(rank_labels)
         self._stats = stats
         self._resolved = stats is not None
 

@@ -1,4 +1,10 @@
-"""Per-rank metrics: training, allocator and collective collectors served on base_port + local_rank."""
+"""Per-rank metrics: training, allocator and collective collectors served on base_port + local_rank.
+
+Every rank metric carries rank, local_rank, node, and the physical ``device``/``chip`` the rank computes
+on, with the values the device metrics use for that card (npu-smi NPU ID and chip), so a query can join a
+rank to its own device: ``... and on (node, device, chip) npudist_steps_total{rank="3"}``. The device
+source finds them (npu-smi: ``info -m`` plus ASCEND_RT_VISIBLE_DEVICES); where it cannot, they are empty.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from npudist.telemetry.collectives import CommCollector
 from npudist.telemetry.health import CollectorHealth
 from npudist.telemetry.node import node_name
 from npudist.telemetry.poller import Poller
-from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.readings import DeviceReading, RankDevice, Source, SourceError
 from npudist.telemetry.server import DEFAULT_HOST, ExporterError, MetricsServer, check_port, serve
 from npudist.telemetry.training import StepTimer, TrainingMetrics
 
@@ -25,6 +31,8 @@ log = logging.getLogger("npudist.telemetry")
 PORT_VAR = "NPUDIST_METRICS_PORT"
 HOST_VAR = "NPUDIST_METRICS_HOST"
 VITALS_INTERVAL_S = 15.0
+LOCATE = "rank_device"
+"""Collector name under which a failed device lookup is counted (npudist_collector_errors_total)."""
 
 
 @dataclass
@@ -38,12 +46,14 @@ class RankTelemetry:
     poller: Poller | None = None
     synchronize: Callable[[], None] | None = None
     """Waits for this rank's device (None on CPU), so step times include the device's work."""
+    device: RankDevice | None = None
+    """The physical device this rank computes on, when the device source can tell."""
 
     def vitals(self) -> tuple[float | None, float | None, float | None]:
         """This rank's device temperature, frequency and utilization from the last device read."""
         if self.poller is None:
             return None, None, None
-        reading = local_reading(self.poller.snapshot().readings, self.local_rank)
+        reading = local_reading(self.poller.snapshot().readings, self.local_rank, self.device)
         if reading is None:
             return None, None, None
         return reading.temperature_celsius, reading.frequency_hertz, reading.utilization_ratio
@@ -53,6 +63,7 @@ class RankTelemetry:
         kwargs.setdefault("device_type", self.device_type)
         kwargs.setdefault("vitals", self.vitals)
         kwargs.setdefault("synchronize", self.synchronize)
+        kwargs.setdefault("rank_device", self.device)
         return StepTimer(self.training, **kwargs)
 
     def close(self) -> None:
@@ -64,9 +75,12 @@ class RankTelemetry:
             self.poller = None
 
 
-def local_reading(readings: tuple[DeviceReading, ...], local_rank: int) -> DeviceReading | None:
-    """The reading of this rank's device: logical id = local rank when the source knows it, else the
-    local_rank-th device listed (npu-smi ids are labels, not indices: readings.py)."""
+def local_reading(readings: tuple[DeviceReading, ...], local_rank: int,
+                  device: RankDevice | None = None) -> DeviceReading | None:
+    """The reading of this rank's device: the located one (``device``) when known; else logical id = local
+    rank when the source knows it, else the local_rank-th device listed (NVML, rknpu, cpu)."""
+    if device is not None:
+        return next((r for r in readings if (r.device_id, r.chip_id) == (device.device_id, device.chip_id)), None)
     for r in readings:
         if r.logical_id == local_rank:
             return r
@@ -90,14 +104,20 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     """Build this rank's registry and, when NPUDIST_METRICS_PORT is set, serve it on port + local_rank.
 
     ``ctx`` is the DistContext from npudist.init() (None: a single process, rank 0). ``device_source``
-    names the source polled every 15 s for the temperature/frequency in skew warnings (None: no polling;
-    a source that cannot load is skipped). Call ``close()`` when training ends.
+    names the source asked once which physical device the rank uses (the device/chip labels, the straggler
+    diagnosis) and polled every 15 s for the temperature/frequency in skew warnings (None: neither; a
+    source that cannot load is skipped). Call ``close()`` when training ends.
     """
     env = os.environ if env is None else env
     rank, local_rank = (ctx.rank, ctx.local_rank) if ctx is not None else (0, 0)
     device_type = ctx.device.type if ctx is not None else "cpu"
-    labels = [str(rank), str(local_rank), node_name(env)]
     health = CollectorHealth()
+    source = _device_source(device_source) if device_source is not None else None
+    device = None
+    if source is not None:
+        index = ctx.device.index if ctx is not None and ctx.device.index is not None else local_rank
+        device = locate(source, env, index, health)
+    labels = rank_labels(rank, local_rank, node_name(env), device)
     training = TrainingMetrics(labels)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(training)
@@ -106,7 +126,7 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         acc, index = ctx.accelerator, ctx.device.index
         registry.register(AllocatorCollector(lambda: acc.memory_stats(index), health, labels))
     registry.register(CommCollector(health, labels))
-    telemetry = RankTelemetry(registry, health, training, device_type, local_rank)
+    telemetry = RankTelemetry(registry, health, training, device_type, local_rank, device=device)
     if ctx is not None and device_type != "cpu":
         telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)
     port = metrics_port(env)
@@ -114,17 +134,36 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         host = env.get(HOST_VAR, "").strip() or DEFAULT_HOST
         telemetry.server = serve(registry, host, port and port + local_rank)
         log.info("rank %d metrics at %s", rank, telemetry.server.url)
-    if device_source is not None:
-        telemetry.poller = _vitals_poller(device_source, health)
+    if source is not None:
+        telemetry.poller = Poller(source, health, interval_s=VITALS_INTERVAL_S, timeout_s=5.0).start()
     return telemetry
 
 
-def _vitals_poller(name: str, health: CollectorHealth) -> Poller | None:
+def rank_labels(rank: int, local_rank: int, node: str, device: RankDevice | None) -> list[str]:
+    """Label values in catalogue.RANK_LABELS order; device and chip empty when unknown."""
+    where = ("", "") if device is None else (str(device.device_id), str(device.chip_id))
+    return [str(rank), str(local_rank), node, *where]
+
+
+def locate(source: Source, env: Mapping[str, str], index: int, health: CollectorHealth) -> RankDevice | None:
+    """The device behind this rank's device index; a failure is logged and counted, never raised (the
+    rank's metrics then carry empty device/chip labels)."""
+    try:
+        return source.locate(env, index)
+    except SourceError as exc:
+        health.error(LOCATE, exc.reason)
+        log.warning("rank metrics without device/chip labels: %s", exc)
+    except ValueError as exc:  # a visible-devices variable naming no device of this node
+        health.error(LOCATE, "config")
+        log.warning("rank metrics without device/chip labels: %s", exc)
+    return None
+
+
+def _device_source(name: str) -> Source | None:
     from npudist.telemetry.sources import SourceUnavailable, load_source
 
     try:
-        source = load_source(name)
+        return load_source(name)
     except SourceUnavailable as exc:
-        log.debug("no device vitals for skew warnings: %s", exc)
+        log.debug("no device source for vitals and device labels: %s", exc)
         return None
-    return Poller(source, health, interval_s=VITALS_INTERVAL_S, timeout_s=5.0).start()

@@ -7,6 +7,7 @@ for that field: it is never exported as 0.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -41,10 +42,6 @@ class DeviceReading:
     logical_id: int | None = None
     """Index torch and the visible-devices variable use (npu-smi "Chip Logic ID"), when known."""
 
-    @property
-    def npu_id(self) -> int:
-        return self.device_id
-
 
 @dataclass(frozen=True)
 class ProcessReading:
@@ -56,6 +53,17 @@ class ProcessReading:
     pid: int
     name: str | None = None
     memory_used_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RankDevice:
+    """The physical device a rank computes on, as the device metrics label it."""
+
+    device_id: int
+    """The vendor tool's label for the card (npu-smi NPU ID), as on DeviceReading and the ``device`` label."""
+    chip_id: int
+    logical_id: int
+    """The index the vendor runtime and its visible-devices variable use (npu-smi Chip Logic ID)."""
 
 
 class SourceError(RuntimeError):
@@ -75,3 +83,9 @@ class Source:
 
     def read(self) -> list[DeviceReading]:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def locate(self, env: Mapping[str, str], device_index: int) -> RankDevice | None:
+        """The device behind the vendor runtime's device ``device_index`` in a process with environment
+        ``env`` (visible-devices variables remap indices); None where the source cannot tell. May raise
+        SourceError, or ValueError for a variable that names no device here."""
+        return None

@@ -1,13 +1,8 @@
-"""The run log: what `npudist report` reads, appended as JSON lines to RUN_DIR/metrics/rank{R}.jsonl.
+"""The run log writer: what `npudist report` reads, appended as JSON lines to RUN_DIR/metrics/rank{R}.jsonl.
 
-One file per rank, opened in append mode so a resumed run adds a new ``start`` record and carries on
-in the same file. Records (all in base units; ``time`` is time.time() seconds):
-
-    start   rank, world, node, accelerator, backend, start_step
-    step    step, loss, step_seconds            (one per logged step)
-    skew    first_step, last_step, skew, straggler, means   (each StepTimer exchange)
-    device  utilization_ratio, power_watts, temperature_celsius, memory_used_bytes, frequency_hertz
-    comm    wall_seconds, ops: [{op, backend, calls, bytes, seconds}]   (at close: npudist.comm totals)
+The format (kinds, fields, units, version, path) is defined once in npudist.runlog_schema, which the report
+reads with; this module only builds records from training state and writes them. One file per rank, opened
+in append mode so a resumed run adds a new ``start`` record and carries on in the same file.
 
 Building a record is pure (the ``*_record`` functions); RunLog only adds the time and writes lines.
 A write that fails is logged once and the run carries on: the log is telemetry, never a reason to stop.
@@ -18,25 +13,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from npudist.telemetry.readings import DeviceReading
+from npudist import runlog_schema as schema
+from npudist.runlog_schema import rank_file
+from npudist.telemetry.node import node_name
+from npudist.telemetry.readings import DeviceReading, RankDevice
 from npudist.telemetry.skew import SkewReport
 
 log = logging.getLogger("npudist.telemetry")
 
-VERSION = 1
-DEVICE_FIELDS = ("utilization_ratio", "power_watts", "temperature_celsius", "memory_used_bytes",
-                 "frequency_hertz")
-
-
-def rank_file(run_dir: str | Path, rank: int) -> Path:
-    """Where rank ``rank`` of a run writes its log."""
-    return Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+__all__ = ["RunLog", "comm_record", "device_record", "open_run_log", "rank_file", "skew_record", "step_record"]
 
 
 def _number(value: float | None) -> float | None:
@@ -59,7 +49,7 @@ def skew_record(report: SkewReport) -> dict[str, Any]:
 
 def device_record(reading: DeviceReading) -> dict[str, Any] | None:
     """The fields the report plots; None when the reading has none of them."""
-    fields = {name: _number(getattr(reading, name)) for name in DEVICE_FIELDS}
+    fields = {name: _number(getattr(reading, name)) for name in schema.DEVICE_FIELDS}
     if all(v is None for v in fields.values()):
         return None
     return {"kind": "device", "vendor": reading.vendor, "device_id": reading.device_id, **fields}
@@ -104,7 +94,7 @@ class RunLog:
         """One JSON line with the time and rank added; flushed so a killed run keeps what it wrote."""
         if self._file is None:
             return
-        line = json.dumps({"v": VERSION, "time": self.clock(), "rank": self.rank, **record}, allow_nan=False)
+        line = json.dumps({"v": schema.VERSION, "time": self.clock(), "rank": self.rank, **record}, allow_nan=False)
         try:
             self._file.write(line + "\n")
             self._file.flush()
@@ -113,9 +103,12 @@ class RunLog:
                 log.warning("run log %s: write failed, further records are dropped: %s", self.path, exc)
             self._failed = True
 
-    def start(self, *, world: int, accelerator: str, backend: str, start_step: int) -> None:
-        self.write({"kind": "start", "world": world, "node": socket.gethostname(), "accelerator": accelerator,
-                    "backend": backend, "start_step": start_step})
+    def start(self, *, world: int, accelerator: str, backend: str, start_step: int,
+              device: RankDevice | None = None) -> None:
+        """The segment's first record; ``device`` is the physical card and chip this rank computes on."""
+        where = {} if device is None else {"npu_id": device.device_id, "chip_id": device.chip_id}
+        self.write({"kind": "start", "world": world, "node": node_name(), "accelerator": accelerator,
+                    "backend": backend, "start_step": start_step, **where})
 
     def step(self, step: int, loss: float | None, step_seconds: float | None) -> None:
         """A logged step, plus this rank's device reading when a device source has a new one (the poller
@@ -155,14 +148,14 @@ def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: An
     if telemetry is not None and telemetry.poller is not None:
         from npudist.telemetry.rank import local_reading
 
-        poller, local_rank = telemetry.poller, ctx.local_rank
+        poller, local_rank, device = telemetry.poller, ctx.local_rank, telemetry.device
 
         def readings() -> DeviceReading | None:
-            return local_reading(poller.snapshot().readings, local_rank)
+            return local_reading(poller.snapshot().readings, local_rank, device)
 
     runlog = RunLog(rank_file(run_dir, ctx.rank), ctx.rank, readings=readings)
     runlog.start(world=ctx.world_size, accelerator=ctx.accelerator.name, backend=ctx.backend,
-                 start_step=start_step)
+                 start_step=start_step, device=telemetry.device if telemetry is not None else None)
     if timer is not None:
         runlog.attach(timer)
     return runlog

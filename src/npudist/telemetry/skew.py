@@ -7,7 +7,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-DEFAULT_THRESHOLD = 0.12
+from npudist.telemetry.catalogue import THRESHOLDS
+
+DEFAULT_THRESHOLD = THRESHOLDS["skew"].value
 
 
 @dataclass(frozen=True)
@@ -24,14 +26,23 @@ class SkewReport:
     """Rank with the longest mean step time (lowest rank on ties)."""
     utilizations: tuple[float | None, ...] = ()
     """Device utilization ratio of each rank, where the rows carried a fourth column."""
+    devices: tuple[tuple[int, int] | None, ...] = ()
+    """(device id, chip id) of each rank's physical device (npu-smi NPU ID and chip), where known."""
 
 
 def _known(v: float) -> float | None:
     return None if math.isnan(v) else float(v)
 
 
+def _device(row: Sequence[float]) -> tuple[int, int] | None:
+    if len(row) < 6 or not (math.isfinite(row[4]) and math.isfinite(row[5])):
+        return None
+    return int(row[4]), int(row[5])
+
+
 def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]) -> SkewReport:
-    """Build a report from one (mean_s, temperature_c, frequency_hz[, utilization]) row per rank; NaN = unknown."""
+    """Build a report from one (mean_s, temperature_c, frequency_hz[, utilization[, device_id, chip_id]]) row
+    per rank; NaN = unknown."""
     if not rows:
         raise ValueError("skew needs at least one rank's window mean")
     means = tuple(float(r[0]) for r in rows)
@@ -40,7 +51,8 @@ def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]
     straggler = max(range(len(means)), key=lambda i: (means[i], -i))
     utils = tuple(_known(r[3]) if len(r) > 3 else None for r in rows)
     return SkewReport(first_step, last_step, means, tuple(_known(r[1]) for r in rows),
-                      tuple(_known(r[2]) for r in rows), std / avg if avg > 0 else 0.0, straggler, utils)
+                      tuple(_known(r[2]) for r in rows), std / avg if avg > 0 else 0.0, straggler, utils,
+                      tuple(_device(r) for r in rows))
 
 
 def describe(report: SkewReport, threshold: float) -> str:
@@ -48,8 +60,10 @@ def describe(report: SkewReport, threshold: float) -> str:
     r = report.straggler
     temp, freq = report.temperatures[r], report.frequencies[r]
     avg = sum(report.means) / len(report.means)
+    device = report.devices[r] if r < len(report.devices) else None
+    where = "" if device is None else f" (device {device[0]} chip {device[1]})"
     return (f"step time skew {report.skew:.3f} > {threshold:g} over steps "
             f"{report.first_step}-{report.last_step}: "
-            f"rank {r} is slowest at {report.means[r]:.4f} s/step (mean over ranks {avg:.4f} s); "
+            f"rank {r}{where} is slowest at {report.means[r]:.4f} s/step (mean over ranks {avg:.4f} s); "
             f"its device temperature {'n/a' if temp is None else f'{temp:.1f} C'}, "
             f"frequency {'n/a' if freq is None else f'{freq / 1e6:.0f} MHz'}")

@@ -1,9 +1,10 @@
 """Straggler action: when the skew alert condition holds for N windows in a row, write a diagnosis.
 
-The alert (rules in npudist.dashboards) fires on skew > 0.12 for 5 minutes; in the job the same
-condition is counted in exchange windows, so the diagnosis lands next to the checkpoints while the
-slow card is still slow: which rank, its recent window mean step times, and its device's
-temperature, frequency and utilization as the collectors last read them.
+The alert (rules in npudist.dashboards) fires when skew stays above the catalogue's ``skew`` threshold
+for its duration; in the job the same condition is counted in exchange windows, so the diagnosis lands
+next to the checkpoints while the slow card is still slow: which rank, its recent window mean step
+times, its device's temperature, frequency and utilization as the collectors last read them, and the
+physical card (npu-smi NPU ID and chip) that rank computes on.
 """
 
 from __future__ import annotations
@@ -39,11 +40,18 @@ def diagnosis(history: list[SkewReport], threshold: float) -> dict[str, Any]:
         "straggler_step_seconds": [r.means[slow] for r in history],
         "mean_step_seconds_all_ranks": mean_all,
         "slowdown_ratio": last.means[slow] / mean_all if mean_all > 0 else None,
-        "device": {"temperature_celsius": at(last.temperatures, slow), "frequency_hertz": at(last.frequencies, slow),
+        "device": {**_physical(at(last.devices, slow)),
+                   "temperature_celsius": at(last.temperatures, slow), "frequency_hertz": at(last.frequencies, slow),
                    "utilization_ratio": at(last.utilizations, slow)},
         "all_ranks_step_seconds": list(last.means),
         "time": time.time(),
     }
+
+
+def _physical(device: tuple[int, int] | None) -> dict[str, int | None]:
+    """The straggler's card as npu-smi names it (NPU ID, chip); None when its rank could not tell."""
+    npu_id, chip_id = device if device is not None else (None, None)
+    return {"npu_id": npu_id, "chip_id": chip_id}
 
 
 class StragglerDiagnosis:

@@ -12,8 +12,9 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from npudist.telemetry import opprof
-from npudist.telemetry.catalogue import family
+from npudist.telemetry.catalogue import family, rank_label_values
 from npudist.telemetry.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
+from npudist.telemetry.readings import RankDevice
 from npudist.telemetry.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew_report
 
 log = logging.getLogger("npudist.telemetry")
@@ -24,10 +25,10 @@ Vitals = Callable[[], tuple[float | None, ...]]
 
 
 class TrainingMetrics:
-    """What StepTimer records, exported with this rank's label values (rank, local_rank, node)."""
+    """What StepTimer records, exported with this rank's label values (catalogue.RANK_LABELS order)."""
 
-    def __init__(self, rank_labels: Sequence[str] = ("0", "0", "")) -> None:
-        self.labels = list(rank_labels)
+    def __init__(self, rank_labels: Sequence[str] = ("0", "0", "", "", "")) -> None:
+        self.labels = rank_label_values(rank_labels)
         self.steps = Histogram(STEP_BUCKETS)
         self._ops: dict[str, Histogram] = {}
         self._lock = threading.Lock()
@@ -67,16 +68,18 @@ class TrainingMetrics:
 class StepTimer:
     """Times training steps, as ``with timer:`` around a step or ``timer.step()`` at the end of each.
 
-    Every ``exchange_every`` steps all ranks all_gather their window mean (one tensor of 3 floats, so
-    every rank must use the same setting); rank 0 publishes the skew and straggler and logs a warning
-    when the skew exceeds ``skew_threshold``. Every ``op_every`` steps (0 = never) one step runs under
-    torch.profiler and its operator self times feed npudist_op_duration_seconds.
+    Every ``exchange_every`` steps all ranks all_gather their window mean with their device's vitals and
+    physical ids (one tensor of 6 floats, so every rank must use the same setting); rank 0 publishes the
+    skew and straggler and logs a warning when the skew exceeds ``skew_threshold``. Every ``op_every``
+    steps (0 = never) one step runs under torch.profiler and its operator self times feed
+    npudist_op_duration_seconds.
     """
 
     def __init__(self, metrics: TrainingMetrics | None = None, *, exchange_every: int = 20,
                  skew_threshold: float = DEFAULT_THRESHOLD, op_every: int = 0, group: Any = None,
                  vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
-                 device_type: str = "cpu", clock: Callable[[], float] = time.perf_counter) -> None:
+                 device_type: str = "cpu", rank_device: RankDevice | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if exchange_every < 0 or op_every < 0:
             raise ValueError("exchange_every and op_every must be >= 0 (0 turns the feature off)")
         if not skew_threshold > 0:
@@ -85,6 +88,8 @@ class StepTimer:
         self.exchange_every, self.op_every = exchange_every, op_every
         self.threshold, self.group = skew_threshold, group
         self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
+        self.rank_device = rank_device
+        """This rank's physical device, exchanged so the straggler is named by its card and chip."""
         self.steps_done = 0
         self._window: list[float] = []
         self._waited = 0.0
@@ -173,7 +178,9 @@ class StepTimer:
         mean = sum(window) / len(window)
         vitals = tuple(self.vitals()) if self.vitals is not None else ()
         vitals += (None,) * (3 - len(vitals))
-        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3])]
+        where = (math.nan, math.nan) if self.rank_device is None else \
+            (float(self.rank_device.device_id), float(self.rank_device.chip_id))  # float32-exact below 2**24
+        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3]), *where]
         rows, rank = _all_gather_rows(row, self.group)
         first = self.steps_done - len(window) + 1
         report = skew_report(first, self.steps_done, rows)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 
 from npudist.telemetry import _values as v
-from npudist.telemetry.readings import DeviceReading, ParseError
+from npudist.telemetry.readings import DeviceReading, ParseError, RankDevice
 
 _WANTED = ("npu id", "chip id", "chip logic id")
 
@@ -47,3 +47,62 @@ def with_logical_ids(readings: Iterable[DeviceReading],
     """Fill logical_id from an ``info -m`` mapping where the reading does not know it yet."""
     return [dataclasses.replace(r, logical_id=mapping.get((r.device_id, r.chip_id)))
             if r.logical_id is None else r for r in readings]
+
+
+VISIBLE_DEVICES_VAR = "ASCEND_RT_VISIBLE_DEVICES"
+_ID = re.compile(r"[0-9]{1,6}")
+
+
+class VisibleDevicesError(ValueError):
+    """ASCEND_RT_VISIBLE_DEVICES (or the device index) does not name a chip on this node; the message
+    says what the Ascend runtime would make of it and how to write it."""
+
+
+def rank_chip(mapping: dict[tuple[int, int], int], visible: str | None, device_index: int,
+              var: str = VISIBLE_DEVICES_VAR) -> RankDevice:
+    """Which chip device index ``device_index`` (torch's ``npu:N``, the local rank under torchrun) is.
+
+    ``mapping`` is ``parse_mapping`` of ``npu-smi info -m``; ``visible`` the value of ``var`` (None: unset,
+    every chip visible in logical order). The variable lists logical IDs, comma-separated, in ascending
+    order, and index N is the N-th listed; the runtime silently stops reading at the first character or ID
+    it does not accept ("1, 2" makes only 1 visible). Such values are refused here with what the runtime
+    would see, so a rank is never labelled with a chip it does not use (CANN environment variable
+    reference, ASCEND_RT_VISIBLE_DEVICES: hiascend.com/document/detail/zh/CANNCommunityEdition/83RC1/
+    maintenref/envvar/envref_07_0028.html).
+    """
+    by_logical: dict[int, tuple[int, int]] = {}
+    for chip, logical in sorted(mapping.items()):
+        by_logical.setdefault(logical, chip)
+    known = sorted(by_logical)
+    if device_index < 0:
+        raise VisibleDevicesError(f"device index {device_index} is negative")
+    if visible is None:
+        if device_index not in by_logical:
+            raise VisibleDevicesError(f"device index {device_index} is not a chip of this node: `npu-smi info -m` "
+                                      f"lists logical IDs {_ids(known)}; start fewer ranks per node")
+        return RankDevice(*by_logical[device_index], device_index)
+    ids: list[int] = []
+    for position, token in enumerate(visible.split(","), 1):
+        seen = f"the Ascend runtime stops reading there and sees {_ids(ids) if ids else 'no device'}"
+        if not _ID.fullmatch(token):
+            raise VisibleDevicesError(
+                f"{var}={visible!r}: entry {position} ({token!r}) is not a logical device ID (ASCII digits, "
+                f"comma-separated, no spaces); {seen}. Write it like {var}=0,1,2,3")
+        logical = int(token)
+        if logical not in by_logical:
+            raise VisibleDevicesError(
+                f"{var}={visible!r}: logical ID {logical} is not a chip of this node (`npu-smi info -m` lists "
+                f"{_ids(known)}); {seen}")
+        if ids and logical <= ids[-1]:
+            raise VisibleDevicesError(f"{var}={visible!r}: IDs must be ascending without repeats (the runtime "
+                                      f"supports only ascending order); write {_ids(sorted(set([*ids, logical])))}")
+        ids.append(logical)
+    if device_index >= len(ids):
+        raise VisibleDevicesError(f"device index {device_index} is past the {len(ids)} chip(s) {var}={visible!r} "
+                                  f"makes visible; start at most {len(ids)} ranks per node or list more IDs")
+    logical = ids[device_index]
+    return RankDevice(*by_logical[logical], logical)
+
+
+def _ids(ids: list[int]) -> str:
+    return ",".join(map(str, ids))

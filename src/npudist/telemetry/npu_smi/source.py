@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
+from collections.abc import Mapping
 
 from npudist.telemetry.npu_smi.kv import parse_kv
-from npudist.telemetry.npu_smi.mapping import parse_mapping
+from npudist.telemetry.npu_smi.mapping import (
+    VISIBLE_DEVICES_VAR,
+    parse_mapping,
+    rank_chip,
+    with_logical_ids,
+)
 from npudist.telemetry.npu_smi.table import NpuSmiTable, parse_table
-from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
+from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, RankDevice, Source, SourceError
 
 QUERIES = ("usages", "power", "temp", "memory", "health", "common")
 """``npu-smi info -t TYPE`` values parse_kv understands (Ascend npu-smi reference, "info -t")."""
+MAPPING_RETRY_READS = 20
+"""After a failed ``info -m``, reads without logical IDs before asking again (a hung call costs a timeout)."""
+
+log = logging.getLogger("npudist.telemetry")
 
 
 class NpuSmiSource(Source):
@@ -22,6 +33,8 @@ class NpuSmiSource(Source):
     def __init__(self, binary: str = "npu-smi", timeout: float = 5.0) -> None:
         self.binary = binary
         self.timeout = timeout
+        self._mapping: dict[tuple[int, int], int] | None = None
+        self._mapping_wait = 0
 
     def run(self, *args: str) -> str:
         """stdout of ``npu-smi ARGS``; SourceError reason missing / timeout / exit_code."""
@@ -51,7 +64,30 @@ class NpuSmiSource(Source):
             raise SourceError("parse", f"`{self.binary} info` output unreadable: {exc}") from None
 
     def read(self) -> list[DeviceReading]:
-        return list(self.table().devices)
+        """Devices from ``npu-smi info``, with logical IDs from ``info -m`` where the table has none (910B
+        tables print only NPU and chip), so ``npudist_device_info{logical_id}`` joins ranks to chips."""
+        devices = self.table().devices
+        mapping = self._cached_mapping()
+        return with_logical_ids(devices, mapping) if mapping else list(devices)
+
+    def _cached_mapping(self) -> dict[tuple[int, int], int] | None:
+        # The mapping is fixed while the driver is loaded: read it once, and after a failure only every
+        # MAPPING_RETRY_READS reads, so a broken `info -m` never doubles the cost of every poll.
+        if self._mapping is None:
+            if self._mapping_wait > 0:
+                self._mapping_wait -= 1
+                return None
+            try:
+                self._mapping = self.logical_ids()
+            except SourceError as exc:
+                log.debug("no logical device ids: %s", exc)
+                self._mapping_wait = MAPPING_RETRY_READS
+        return self._mapping
+
+    def locate(self, env: Mapping[str, str], device_index: int) -> RankDevice:
+        """The chip behind ``npu:device_index`` under ``env``'s ASCEND_RT_VISIBLE_DEVICES; SourceError when
+        ``info -m`` fails, VisibleDevicesError when the variable names no chip of this node."""
+        return rank_chip(self.logical_ids(), env.get(VISIBLE_DEVICES_VAR), device_index, VISIBLE_DEVICES_VAR)
 
     def processes(self) -> list[ProcessReading]:
         """Processes holding NPUs (for the doctor's "accelerators still busy" check)."""
