@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import npudist
 from npudist import comm
-from npudist.comm import bucketing
+from npudist.comm.state import state as comm_state
 
 
 def transformer_shapes(layers: int = 16, d: int = 192, vocab: int = 10240, seq: int = 1024) -> list[tuple]:
@@ -128,9 +128,9 @@ def main() -> None:
             out += sample(lambda mod=mod: mod().backward(), args.iters)
     ddp_plain, ddp_wrapped = slowest_median(plain), slowest_median(wrapped)
     pack = pack_cost(16 * 2**20, args.iters)
-    before = bucketing.allocations
+    before = comm_state().layouts.builds
     many(grads)
-    rebuilt = bucketing.allocations - before
+    rebuilt = comm_state().layouts.builds - before
     if dist.get_rank() == 0:
         result = {"tensors": len(shapes), "bytes": total, "world": dist.get_world_size(),
                   "samples_per_method": len(samples["raw_one_by_one"]),

@@ -7,32 +7,36 @@ stack) works even where ``import torch`` fails.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from npudist._version import __version__
 
 if TYPE_CHECKING:
     from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
-    from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, constraints, reduce_scatter
-    from npudist.dist import DistContext, DistInitError, init, shutdown
+    from npudist.comm import active_constraints as constraints
+    from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, reduce_scatter
+    from npudist.runtime import DistContext, DistInitError, init, shutdown
 
-_EXPORTS: dict[str, str] = {
-    "Accelerator": "npudist.accelerators",
-    "AcceleratorUnavailable": "npudist.accelerators",
-    "accelerator": "npudist.accelerators",
-    "all_gather": "npudist.comm",
-    "all_reduce": "npudist.comm",
-    "all_reduce_many": "npudist.comm",
-    "broadcast": "npudist.comm",
-    "constraints": "npudist.comm",
-    "reduce_scatter": "npudist.comm",
-    "DistContext": "npudist.dist",
-    "DistInitError": "npudist.dist",
-    "init": "npudist.dist",
-    "shutdown": "npudist.dist",
-}
-_SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "dist", "doctor", "infer", "ops",
-                          "report", "telemetry"})
+# Public name -> (module, attribute there).
+_EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "Accelerator": ("npudist.accelerators", "Accelerator"),
+    "AcceleratorUnavailable": ("npudist.accelerators", "AcceleratorUnavailable"),
+    "accelerator": ("npudist.accelerators", "accelerator"),
+    "all_gather": ("npudist.comm", "all_gather"),
+    "all_reduce": ("npudist.comm", "all_reduce"),
+    "all_reduce_many": ("npudist.comm", "all_reduce_many"),
+    "broadcast": ("npudist.comm", "broadcast"),
+    "constraints": ("npudist.comm", "active_constraints"),
+    "reduce_scatter": ("npudist.comm", "reduce_scatter"),
+    "DistContext": ("npudist.runtime.lifecycle", "DistContext"),
+    "DistInitError": ("npudist.runtime.lifecycle", "DistInitError"),
+    "init": ("npudist.runtime.lifecycle", "init"),
+    "shutdown": ("npudist.runtime.lifecycle", "shutdown"),
+})
+_SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "infer", "ops",
+                          "report", "runtime", "telemetry"})
 
 __all__ = [
     "Accelerator",
@@ -54,7 +58,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        module, attribute = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attribute)
     elif name in _SUBPACKAGES:
         value = importlib.import_module(f"npudist.{name}")
     else:

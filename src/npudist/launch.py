@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from npudist.accelerators import Accelerator
-from npudist.dist.env import rank_info, torchrun_env
-
-CPU_NPROC_VAR = "NPUDIST_CPU_NPROC"
+from npudist.runtime.env import rank_info, torchrun_env
+from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
 
 
 class LaunchError(RuntimeError):
@@ -80,16 +79,19 @@ def resolve_nproc(value: str | None, acc: Accelerator, env: Mapping[str, str]) -
             raise LaunchError(f"--nproc-per-node {value!r}: give a positive integer or 'auto'")
         return int(value)
     if acc.vendor.default_nproc is not None:
-        raw = env.get(CPU_NPROC_VAR, "").strip() if acc.device_type == "cpu" else ""
-        if raw:
-            if not raw.isdigit() or int(raw) < 1:
-                raise LaunchError(f"{CPU_NPROC_VAR}={raw!r}: give a positive integer")
-            return int(raw)
-        return acc.vendor.default_nproc
+        wanted = _settings(env).cpu_nproc if acc.device_type == "cpu" else None
+        return wanted or acc.vendor.default_nproc
     count = acc.device_count()
     if count < 1:
         raise LaunchError(f"--nproc-per-node auto: {acc.name} reports no devices; pass a number instead")
     return count
+
+
+def _settings(env: Mapping[str, str]) -> Settings:
+    try:
+        return Settings.from_env(env)
+    except SettingsError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -174,7 +176,6 @@ def _with_metrics(the_plan: LaunchPlan, ns: argparse.Namespace, env: Mapping[str
             raise LaunchError("--targets-file lists the ranks' metrics endpoints: add --metrics-port PORT")
         return the_plan
     from npudist.telemetry import targets
-    from npudist.telemetry.rank import HOST_VAR, PORT_VAR
     from npudist.telemetry.server import ExporterError
 
     if the_plan.mode == "mpi":
@@ -184,7 +185,7 @@ def _with_metrics(the_plan: LaunchPlan, ns: argparse.Namespace, env: Mapping[str
     else:
         nproc = the_plan.nproc_per_node or 1
         mine, writes = list(range(nproc)), True
-    host = env.get(HOST_VAR, "").strip() or "127.0.0.1"
+    host = _settings(env).metrics_host or "127.0.0.1"
     try:
         ports = targets.rank_ports(ns.metrics_port, nproc)
     except ExporterError as exc:

@@ -6,20 +6,26 @@ import pytest
 import torch
 
 from npudist import accelerators
-from npudist.accelerators import AcceleratorUnavailable, detect
+from npudist.accelerators import AcceleratorUnavailable
 from npudist.accelerators import rknpu as rk
+from npudist.runtime import state as runtime_state
 from tests.conftest import FAKES, child_env, run_py
+
+
+def _close_runtime() -> None:
+    """Settings are read and detection cached per Runtime: the next call starts a fresh one."""
+    rt = runtime_state.peek()
+    if rt is not None:
+        rt.close(destroy_group=False)
 
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     monkeypatch.delenv("NPUDIST_ACCELERATOR", raising=False)
     monkeypatch.delenv("NPUDIST_SYSFS_ROOT", raising=False)
-    detect.why_unavailable.cache_clear()
-    detect._detect.cache_clear()
+    _close_runtime()
     yield
-    detect.why_unavailable.cache_clear()
-    detect._detect.cache_clear()
+    _close_runtime()
 
 
 def test_cpu_is_detected_when_nothing_else_exists():

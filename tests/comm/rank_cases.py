@@ -163,15 +163,15 @@ def run_checks(rank: int, world: int) -> dict:
     s = comm.stats().get("all_reduce")
     out["after_wait"] = [s.inflight, s.calls, s.bytes, t[0].item()]
     # all_reduce_many: same layout twice -> one build; answers in place, avg emulated under strict.
-    from npudist.comm import bucketing
+    from npudist.comm.state import state
 
     comm.set_profile("hccl-strict")
-    before = bucketing.allocations
+    before = state().layouts.builds
     for _ in range(2):
         grads = [torch.full((3, 5), float(rank + 1), dtype=torch.bfloat16), torch.full((7,), float(rank)),
                  torch.full((4, 2), float(rank), dtype=torch.float32).t()]
         comm.all_reduce_many(grads, op="avg", bucket_bytes=64)
-    out["many_builds"] = bucketing.allocations - before
+    out["many_builds"] = state().layouts.builds - before
     out["many_values"] = [grads[0][0, 0].item(), grads[1][0].item(), grads[2][0, 0].item(), grads[2].stride()]
     comm.set_profile(None)
     return out

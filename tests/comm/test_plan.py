@@ -8,7 +8,7 @@ import torch
 from npudist.comm import PROFILES, describe, profile
 from npudist.comm.buffers import BufferPool, aligned_empty
 from npudist.comm.plan import neutral, plan_copy, plan_reduce
-from npudist.comm.stats import DURATION_BUCKETS, Recorder
+from npudist.comm.recorder import DURATION_BUCKETS, Recorder
 
 STRICT = PROFILES["hccl-strict"]
 GLOO = PROFILES["gloo"]

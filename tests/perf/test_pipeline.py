@@ -14,7 +14,7 @@ import torch
 from npudist.comm.constraints import HCCL_STRICT
 from npudist.comm.pipeline import chunk_bounds, chunk_unit, eligible
 from npudist.comm.plan import plan_reduce
-from npudist.comm.stats import Recorder
+from npudist.comm.recorder import Recorder
 from tests.conftest import run_npudist
 
 HERE = Path(__file__).parent

@@ -1,7 +1,7 @@
 import json
 import math
 
-from npudist.comm.stats import Recorder
+from npudist.comm.recorder import Recorder
 from npudist.telemetry.readings import DeviceReading, RankDevice
 from npudist.telemetry.runlog import RunLog, device_record, rank_file
 from npudist.telemetry.training import StepTimer, TrainingMetrics

@@ -3,7 +3,7 @@ import sys
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from npudist.comm.stats import CommStats, OpStats
+from npudist.comm.recorder import CommStats, OpStats
 from npudist.telemetry.allocator import AllocatorCollector, fragmentation
 from npudist.telemetry.collectives import CommCollector, histogram_buckets
 from npudist.telemetry.health import CollectorHealth

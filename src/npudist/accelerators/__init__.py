@@ -1,7 +1,8 @@
 """Accelerator families as data, with uniform calls over what torch dispatches."""
 
 from npudist.accelerators.accelerator import Accelerator
-from npudist.accelerators.detect import AcceleratorUnavailable, accelerator, get, report, why_unavailable
+from npudist.accelerators.detect import AcceleratorUnavailable, accelerator, get, report
+from npudist.accelerators.probe import why_unavailable
 from npudist.accelerators.vendors import BY_NAME, VENDORS, Vendor
 
 __all__ = [

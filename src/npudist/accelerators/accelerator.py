@@ -7,6 +7,7 @@ from types import ModuleType
 
 import torch
 
+from npudist.accelerators.probe import why_unavailable
 from npudist.accelerators.vendors import Vendor
 
 
@@ -54,8 +55,6 @@ class Accelerator:
         raise RuntimeError(f"torch has neither torch.{self.device_type} nor torch.accelerator for it")
 
     def is_available(self) -> bool:
-        from npudist.accelerators.detect import why_unavailable
-
         return why_unavailable(self.vendor) is None
 
     def device_count(self) -> int:

@@ -6,14 +6,16 @@ import glob
 import importlib.util
 import os
 
+from npudist.runtime.settings import Settings
+
 # Places the rknpu kernel driver shows itself (Rockchip rknpu driver 0.9.x; devfreq device name
 # differs by SoC: fdab0000.npu on RK3588, 27700000.npu on RK3576, hence the glob).
 _MARKERS = ("sys/module/rknpu", "sys/kernel/debug/rknpu", "sys/class/devfreq/*.npu", "sys/class/npu/npu*")
 
 
 def sysfs_root() -> str:
-    """Root under which /sys is read; tests point NPUDIST_SYSFS_ROOT at a fake tree."""
-    return os.environ.get("NPUDIST_SYSFS_ROOT", "/")
+    """Root under which /sys is read (Settings.sysfs_root: NPUDIST_SYSFS_ROOT, tests point it at a fake tree)."""
+    return Settings.from_env().sysfs_root
 
 
 def probe(root: str | None = None) -> str | None:

@@ -3,14 +3,12 @@
 Tensors of the same dtype and device are packed, in order, into buckets of at most ``bucket_bytes``;
 each bucket is one async all_reduce, packed while the previous one is on the wire, then unpacked into
 the callers' tensors. Bucket buffers (already cast, padded and aligned as the active constraints ask)
-are kept per layout, so a training loop allocates them on its first step only.
+are kept per layout (the CommState's LayoutCache), so a training loop allocates them on its first step only.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,10 +19,9 @@ from npudist.comm import context, handshake
 from npudist.comm.buffers import aligned_empty, pinning_available
 from npudist.comm.collectives import OPS, _check_op, _check_tensor, all_reduce
 from npudist.comm.plan import Plan, neutral, plan_reduce
-from npudist.comm.stats import RECORDER
+from npudist.comm.state import state
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
-_MAX_LAYOUTS = 8
 
 
 @dataclass
@@ -35,12 +32,6 @@ class _Bucket:
     """One tensor that needs no adaptation: reduced in place, no buffer."""
     flat: torch.Tensor | None = None
     views: list[torch.Tensor] | None = None
-
-
-_layouts: OrderedDict[tuple, list[list[_Bucket]]] = OrderedDict()
-_lock = threading.Lock()
-allocations = 0
-"""Bucket layouts built so far (each allocates its flat buffers once)."""
 
 
 def _split(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -63,7 +54,6 @@ def _split(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]
 
 def _build(tensors: Sequence[torch.Tensor], op: str, bucket_bytes: int,
            ctx: context.GroupContext) -> list[_Bucket]:
-    global allocations
     c = ctx.constraints
     buckets = []
     for indices in _split(tensors, bucket_bytes):
@@ -89,26 +79,7 @@ def _build(tensors: Sequence[torch.Tensor], op: str, bucket_bytes: int,
             views.append(flat[offset:offset + t.numel()].view(t.shape))
             offset += t.numel()
         buckets.append(_Bucket(indices, plan, direct=False, flat=flat, views=views))
-    allocations += 1
     return buckets
-
-
-def _acquire(key: tuple, tensors: Sequence[torch.Tensor], op: str, bucket_bytes: int,
-             ctx: context.GroupContext) -> list[_Bucket]:
-    with _lock:
-        free = _layouts.get(key)
-        if free:
-            _layouts.move_to_end(key)
-            return free.pop()
-    return _build(tensors, op, bucket_bytes, ctx)
-
-
-def _release(key: tuple, buckets: list[_Bucket]) -> None:
-    with _lock:
-        _layouts.setdefault(key, []).append(buckets)
-        _layouts.move_to_end(key)
-        while len(_layouts) > _MAX_LAYOUTS:
-            _layouts.popitem(last=False)
 
 
 def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -145,7 +116,8 @@ def all_reduce_many(tensors: Sequence[torch.Tensor], op: str = "sum",
         device = torch.device("cpu") if not ctx.constraints.device_tensors else tensors[0].device
         handshake.check("all_reduce_many", sum(t.numel() for t in tensors), tensors[0].dtype,
                         (len(tensors),), group, ctx.world, device)
-    buckets = _acquire(key, tensors, op, bucket_bytes, ctx)
+    layouts = state().layouts
+    buckets = layouts.acquire(key, lambda: _build(tensors, op, bucket_bytes, ctx))
     world = ctx.world
     kinds: list[str] = []
     nbytes = 0
@@ -160,19 +132,19 @@ def all_reduce_many(tensors: Sequence[torch.Tensor], op: str = "sum",
             else:
                 _copy_all(b.views, [tensors[i] for i in b.indices])
                 work = dist.all_reduce(b.flat, op=OPS[b.plan.native_op], group=group, async_op=True)
-            RECORDER.inflight("all_reduce_many", ctx.backend, 1)
+            ctx.recorder.inflight("all_reduce_many", ctx.backend, 1)
             pending.append((b, work))
         for b, work in pending:
             try:
                 work.wait()
             finally:
-                RECORDER.inflight("all_reduce_many", ctx.backend, -1)
+                ctx.recorder.inflight("all_reduce_many", ctx.backend, -1)
             if b.direct:
                 continue
             if b.plan.divide:
                 b.flat[: sum(v.numel() for v in b.views)].div_(world)
             _copy_all([tensors[i] for i in b.indices], b.views)
     finally:
-        _release(key, buckets)
-    RECORDER.record("all_reduce_many", ctx.backend, nbytes, time.perf_counter() - start, kinds)
+        layouts.release(key, buckets)
+    ctx.recorder.record("all_reduce_many", ctx.backend, nbytes, time.perf_counter() - start, kinds)
     return tensors

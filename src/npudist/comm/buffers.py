@@ -9,7 +9,10 @@ never share one.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -83,5 +86,40 @@ class BufferPool:
 
     def clear(self) -> None:
         """Drop every free block (the next acquire allocates afresh)."""
+        with self._lock:
+            self._free.clear()
+
+
+class LayoutCache:
+    """Free sets of buffers built for one layout (all_reduce_many's buckets), lent out exclusively.
+
+    At most ``max_layouts`` layouts are kept, least recently used dropped first; ``builds`` counts the
+    sets built (tests and the benchmark check reuse with it).
+    """
+
+    def __init__(self, max_layouts: int = 8) -> None:
+        self._free: OrderedDict[tuple, list[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_layouts
+        self.builds = 0
+
+    def acquire(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """A free set for ``key``, or a new one from ``build()``."""
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                self._free.move_to_end(key)
+                return free.pop()
+            self.builds += 1
+        return build()
+
+    def release(self, key: tuple, buffers: Any) -> None:
+        with self._lock:
+            self._free.setdefault(key, []).append(buffers)
+            self._free.move_to_end(key)
+            while len(self._free) > self._max:
+                self._free.popitem(last=False)
+
+    def clear(self) -> None:
         with self._lock:
             self._free.clear()

@@ -12,20 +12,21 @@ dtype (the caller's dtype, or the narrowest wider one the backend accepts) and c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
 
 from npudist.comm import context, handshake, pipeline
-from npudist.comm.buffers import BufferPool, Lease, aligned_empty, pinning_available
+from npudist.comm.buffers import Lease, aligned_empty, pinning_available
 from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
-from npudist.comm.stats import RECORDER
+from npudist.comm.recorder import Recorder
 
 R = dist.ReduceOp
-OPS: dict[str, object] = {"sum": R.SUM, "avg": R.AVG, "max": R.MAX, "min": R.MIN, "product": R.PRODUCT,
-                          "band": R.BAND, "bor": R.BOR, "bxor": R.BXOR}
-POOL = BufferPool()
+OPS: Mapping[str, object] = MappingProxyType({
+    "sum": R.SUM, "avg": R.AVG, "max": R.MAX, "min": R.MIN, "product": R.PRODUCT, "band": R.BAND, "bor": R.BOR,
+    "bxor": R.BXOR})
 # torch 2.13 renamed the flat-tensor collectives (*_into_tensor / *_tensor are deprecated there);
 # older torch (>= 2.1, what torch_npu users are tied to) has only the old names.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -51,20 +52,21 @@ def _check_tensor(name: str, t: object) -> None:
 class Handle:
     """What an async collective returns: ``wait()`` finishes the post-processing and the accounting."""
 
-    __slots__ = ("_backend", "_done", "_finish", "_kinds", "_nbytes", "_op", "_record", "_start", "_sync",
-                 "_work", "result")
+    __slots__ = ("_backend", "_done", "_finish", "_kinds", "_nbytes", "_op", "_record", "_recorder", "_start",
+                 "_sync", "_work", "result")
 
     def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
                  ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
                  record: bool = True) -> None:
         self._work, self._finish, self.result = work, finish, result
-        self._record = record and RECORDER.enabled
+        self._recorder = ctx.recorder
+        self._record = record and ctx.recorder.enabled
         self._op, self._backend, self._nbytes = op, ctx.backend, nbytes
         self._kinds, self._start = kinds, start
         self._sync = ctx.device_type if ctx.sync_timing else None
         self._done = False
         if record:
-            RECORDER.inflight(op, ctx.backend, 1)
+            ctx.recorder.inflight(op, ctx.backend, 1)
 
     def is_completed(self) -> bool:
         return self._done or self._work is None or bool(self._work.is_completed())
@@ -86,17 +88,18 @@ class Handle:
         finally:
             self._done = True
             if self._record:
-                RECORDER.inflight(self._op, self._backend, -1)
+                self._recorder.inflight(self._op, self._backend, -1)
         if self._record:
-            _record_done(self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync)
+            _record_done(self._recorder, self._op, self._backend, self._nbytes, self._start, self._kinds,
+                         self._sync)
         return True
 
 
-def _record_done(op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
+def _record_done(recorder: Recorder, op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
                  sync: str | None) -> None:
     if sync is not None and sync != "cpu":
         getattr(torch, sync).synchronize()
-    RECORDER.record(op, backend, nbytes, _clock() - start, kinds)
+    recorder.record(op, backend, nbytes, _clock() - start, kinds)
 
 
 def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: Callable[[], None] | None,
@@ -107,15 +110,16 @@ def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: C
     # A synchronous call is finished here; it never counts as in flight.
     if finish is not None:
         finish()
-    if record and RECORDER.enabled:
-        _record_done(op, ctx.backend, nbytes, start, kinds, ctx.device_type if ctx.sync_timing else None)
+    if record and ctx.recorder.enabled:
+        _record_done(ctx.recorder, op, ctx.backend, nbytes, start, kinds,
+                     ctx.device_type if ctx.sync_timing else None)
     return result
 
 
 def _lease(plan: Plan, numel: int, device: torch.device, ctx: context.GroupContext) -> Lease:
     dev = _CPU if plan.stage else device
     pin = plan.stage and pinning_available(device)
-    return POOL.acquire(numel, plan.work_dtype, dev, ctx.constraints.alignment_bytes, pin)
+    return ctx.pool.acquire(numel, plan.work_dtype, dev, ctx.constraints.alignment_bytes, pin)
 
 
 def _caller_view(buf: torch.Tensor, plan: Plan, t: torch.Tensor) -> torch.Tensor:
@@ -145,8 +149,8 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
         work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
         if async_op:
             return Handle(work, None, t, "all_reduce", ctx, t.numel() * t.element_size(), (), start, _record)
-        if _record and RECORDER.enabled:
-            _record_done("all_reduce", ctx.backend, t.numel() * t.element_size(), start, (),
+        if _record and ctx.recorder.enabled:
+            _record_done(ctx.recorder, "all_reduce", ctx.backend, t.numel() * t.element_size(), start, (),
                          ctx.device_type if ctx.sync_timing else None)
         return t
     n = t.numel()
@@ -169,7 +173,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
             unit = pipeline.chunk_unit(c.element_multiple, c.alignment_bytes, buf.element_size())
             pipeline.all_reduce_chunked(t, buf, op, native, plan, group, world, unit)
         finally:
-            POOL.release(lease)
+            ctx.pool.release(lease)
         return _complete("all_reduce", ctx, None, None, t, nbytes, plan.kinds, start, False, _record)
     body = buf[:n]
     body.view(t.shape).copy_(t)
@@ -181,7 +185,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
         if plan.divide:
             body.div_(world)
         t.copy_(body.view(t.shape))
-        POOL.release(lease)
+        ctx.pool.release(lease)
 
     return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
 
@@ -213,7 +217,7 @@ def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
     def finish() -> None:
         if not is_src:
             t.copy_(_caller_view(lease.tensor, plan, t))
-        POOL.release(lease)
+        ctx.pool.release(lease)
 
     return _complete("broadcast", ctx, work, finish, t, nbytes, plan.kinds, start, async_op)
 
@@ -255,8 +259,8 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
         rows = dst.tensor.view(world, per)
         rows = rows.view(torch.uint8)[:, :nbytes].view(t.dtype) if plan.reinterpret else rows[:, :n]
         out.copy_(rows.reshape(world, *t.shape) if t.dim() == 0 else rows.view(world, *t.shape))
-        POOL.release(src)
-        POOL.release(dst)
+        ctx.pool.release(src)
+        ctx.pool.release(dst)
 
     return _complete("all_gather", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)
 
@@ -309,7 +313,7 @@ def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None
         if plan.divide:
             body.div_(world)
         out.copy_(body.view(out_shape))
-        POOL.release(src)
-        POOL.release(dst)
+        ctx.pool.release(src)
+        ctx.pool.release(dst)
 
     return _complete("reduce_scatter", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)

@@ -2,19 +2,21 @@
 
 The collectives in this package read a row and do only the adaptation it demands; nothing here
 branches on a vendor name. ``NPUDIST_COMM_PROFILE=<name>`` applies any row to whatever backend runs,
-which is how the strict Ascend rules are exercised over gloo on a CPU.
+which is how the strict Ascend rules are exercised over gloo on a CPU (state.active_constraints() says
+which row is in force).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 import torch
+import torch.distributed as dist
 
-PROFILE_VAR = "NPUDIST_COMM_PROFILE"
+from npudist.accelerators import accelerator
+from npudist.runtime.settings import PROFILE_VAR
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
@@ -160,17 +162,6 @@ PROFILES: Mapping[str, Constraints] = MappingProxyType(
     {c.name: c for c in (GLOO, NCCL, HCCL, HCCL_STRICT, CNCL, RKNPU)}
 )
 
-_override: str | None = None
-
-
-def set_profile(name: str | None) -> None:
-    """Apply a profile in this process (None: back to NPUDIST_COMM_PROFILE / the running backend)."""
-    global _override
-    if name is not None:
-        profile(name)
-    _override = name
-
-
 def profile(name: str) -> Constraints:
     """The named profile, or ValueError listing the names that exist."""
     try:
@@ -194,20 +185,14 @@ def for_backend(backend: str, stage_through_cpu: bool = False) -> Constraints:
     return row
 
 
-def constraints(group: object | None = None) -> Constraints:
-    """The active record: set_profile(), else NPUDIST_COMM_PROFILE, else the running backend's row."""
-    name = _override or os.environ.get(PROFILE_VAR, "").strip()
+def select(name: str | None, group: object | None = None) -> Constraints:
+    """The profile ``name`` when given, else the row of the backend running ``group`` (or, before a
+    process group exists, of the detected accelerator's backend)."""
     if name:
         return profile(name)
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        from npudist.accelerators import accelerator
-
-        return for_backend(str(dist.get_backend(group)), accelerator().stage_through_cpu)
-    from npudist.accelerators import accelerator
-
     acc = accelerator()
+    if dist.is_available() and dist.is_initialized():
+        return for_backend(str(dist.get_backend(group)), acc.stage_through_cpu)
     return for_backend(acc.backend, acc.stage_through_cpu)
 
 

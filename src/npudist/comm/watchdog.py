@@ -7,32 +7,25 @@ collective fails (a timeout, a peer gone), the failing rank reads every rank's r
 CollectiveHangError naming the op, its sequence number and the ranks that had and had not reached
 it, and writes the same as JSON into the run directory (``NPUDIST_RUN_DIR`` or set_run_dir()).
 
-The publisher is stopped and joined by ``npudist.shutdown()`` and at interpreter exit. A daemon thread
-left inside ``TCPStore.set`` when Python finalizes is killed as it takes the GIL back inside a C++
-destructor, and the process aborts with "terminate called without an active exception" (seen in CI,
-2 of 25 launches with two busy cores).
+The CommState owns the one Watchdog of a process and closes it with the Runtime (see Runtime.close for
+why the publisher must be joined before the process group goes). watched.py numbers the calls.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 log = logging.getLogger("npudist.comm")
-RUN_DIR_VAR = "NPUDIST_RUN_DIR"
 PUBLISH_INTERVAL_S = 0.5
 
 
@@ -81,17 +74,20 @@ def describe(op: str, seq: int, nbytes: int, rank: int, records: dict[int, Recor
 
 
 class Watchdog:
-    def __init__(self) -> None:
+    def __init__(self, run_dir: str | None = None, enabled: bool = True) -> None:
+        self.enabled = enabled
+        """False (NPUDIST_WATCHDOG_OFF): calls are neither numbered nor published."""
         self.record: Record | None = None
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Any = None
         self._lock = threading.Lock()
-        self.run_dir: str | None = os.environ.get(RUN_DIR_VAR) or None
+        self.run_dir = run_dir
+        """Where hang reports are written (None: nowhere)."""
 
     def _ensure(self) -> Record | None:
-        if os.environ.get("NPUDIST_WATCHDOG_OFF"):
+        if not self.enabled:
             return None
         if self.record is None:
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
@@ -101,7 +97,6 @@ class Watchdog:
             self._thread = threading.Thread(target=self._publish_loop, args=(self._stop,), name="npudist-watchdog",
                                             daemon=True)
             self._thread.start()
-            atexit.register(self.close)
         return self.record
 
     # enter/done run around every public collective: attribute writes, no syscall beyond the clock,
@@ -169,7 +164,6 @@ class Watchdog:
             thread.join(timeout_s)
             if thread.is_alive():
                 log.warning("npudist watchdog publisher did not stop within %.0f s", timeout_s)
-        atexit.unregister(self.close)
         self._store = None
         self._dirty.clear()
 
@@ -213,80 +207,3 @@ class Watchdog:
             except OSError as write_exc:
                 message += f" (could not write the report: {write_exc})"
         return CollectiveHangError(message, report)
-
-
-WATCHDOG = Watchdog()
-
-
-def set_run_dir(path: str | os.PathLike | None) -> None:
-    """Where hang reports are written (default: NPUDIST_RUN_DIR)."""
-    WATCHDOG.run_dir = str(path) if path else None
-
-
-class _WatchedHandle:
-    """An async collective's handle whose wait() also reports completion or diagnoses a hang."""
-
-    def __init__(self, inner: Any, op: str, seq: int, nbytes: int) -> None:
-        self._inner, self._op, self._seq, self._nbytes = inner, op, seq, nbytes
-
-    @property
-    def result(self) -> Any:
-        return self._inner.result
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        try:
-            out = self._inner.wait(timeout) if timeout is not None else self._inner.wait()
-        except (RuntimeError, dist.DistError) as exc:
-            if not _communication_failure(exc):
-                raise
-            err = WATCHDOG.diagnose(self._op, self._seq, self._nbytes, exc)
-            if err is None:
-                raise
-            raise err from exc
-        WATCHDOG.done(self._seq)
-        return out
-
-
-def _size(t: object) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
-def _nbytes(args: tuple, kwargs: dict) -> int:
-    """Payload bytes, for the record only: bad arguments are the collective's to reject, not ours."""
-    first = args[0] if args else kwargs.get("t", kwargs.get("tensors"))
-    if isinstance(first, list | tuple):
-        return sum(_size(t) for t in first)
-    return _size(first)
-
-
-def _communication_failure(exc: BaseException) -> bool:
-    """Timeouts and lost peers come as torch's DistError or a plain RuntimeError from the backend; our
-    own errors (MismatchError, TypeError, ValueError) already say what is wrong and pass through."""
-    return isinstance(exc, dist.DistError) or type(exc) is RuntimeError
-
-
-def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its calls numbered and recorded, and failures turned into CollectiveHangError."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        nbytes = _nbytes(args, kwargs)
-        seq = WATCHDOG.enter(op, nbytes)
-        try:
-            out = fn(*args, **kwargs)
-        except (RuntimeError, dist.DistError) as exc:
-            if not _communication_failure(exc):
-                raise
-            err = WATCHDOG.diagnose(op, seq, nbytes, exc)
-            if err is None:
-                raise
-            raise err from exc
-        if kwargs.get("async_op") and hasattr(out, "wait"):
-            return _WatchedHandle(out, op, seq, nbytes)
-        WATCHDOG.done(seq)
-        return out
-
-    return call

@@ -14,7 +14,7 @@ from typing import Any
 from npudist.deploy.k8s_exporter import ALL_INTERFACES
 from npudist.deploy.manifest import SCRAPE_JOB_LABEL, host_volumes, job_labels, meta, node_name_env, render
 from npudist.deploy.options import K8sOptions
-from npudist.telemetry.rank import HOST_VAR
+from npudist.runtime.settings import HOST_VAR
 
 MAX_RESTARTS = 3
 """torchrun restarts the workers this often; a pod that comes back rejoins the c10d rendezvous."""

@@ -8,7 +8,7 @@ from typing import Any
 from npudist._version import __version__
 from npudist.dashboards.rules import to_yaml
 from npudist.deploy.options import K8sOptions
-from npudist.telemetry.node import NODE_VAR
+from npudist.runtime.settings import NODE_VAR
 
 EXPORTER = "npudist-exporter"
 SCRAPE_JOB_LABEL = "npudist-scrape-job"

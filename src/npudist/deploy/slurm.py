@@ -17,7 +17,7 @@ from npudist._version import __version__
 from npudist.dashboards.export import files as dashboard_files
 from npudist.deploy.k8s_exporter import ALL_INTERFACES
 from npudist.deploy.options import SlurmOptions
-from npudist.telemetry.rank import HOST_VAR
+from npudist.runtime.settings import HOST_VAR
 
 SBATCH = "npudist.sbatch"
 UNIT = "systemd/npudist-exporter.service"

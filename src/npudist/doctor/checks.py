@@ -397,12 +397,12 @@ def flight_recorder(host: Host) -> list[CheckResult]:
 @check("comm-constraints")
 def comm_constraints(host: Host) -> CheckResult:
     """What the active backend (or NPUDIST_COMM_PROFILE) accepts, i.e. what npudist.comm will adapt."""
-    from npudist.comm import PROFILE_VAR, PROFILES, constraints, describe
+    from npudist.comm import PROFILE_VAR, PROFILES, active_constraints, describe
 
     name = host.env.get(PROFILE_VAR, "").strip()
     if name and name not in PROFILES:
         return CheckResult("comm-constraints", FAIL, f"{PROFILE_VAR}={name!r} is not a profile",
                            f"choose one of {', '.join(PROFILES)} or unset it")
-    active = PROFILES[name] if name else constraints()
+    active = PROFILES[name] if name else active_constraints()
     origin = f" (forced by {PROFILE_VAR})" if name else ""
     return CheckResult("comm-constraints", OK, describe(active).replace("\n", "; ") + origin)

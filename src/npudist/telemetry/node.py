@@ -7,14 +7,12 @@ manifests set NPUDIST_NODE_NAME from the downward API (``spec.nodeName``) for th
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping
 
-NODE_VAR = "NPUDIST_NODE_NAME"
+from npudist.runtime.settings import Settings
 
 
 def node_name(env: Mapping[str, str] | None = None) -> str:
-    """NPUDIST_NODE_NAME when set, else this host's name."""
-    env = os.environ if env is None else env
-    return env.get(NODE_VAR, "").strip() or socket.gethostname()
+    """NPUDIST_NODE_NAME (Settings.node_name) when set, else this host's name."""
+    return Settings.from_env(env).node_name or socket.gethostname()

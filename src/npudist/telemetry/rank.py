@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
 from npudist.telemetry.allocator import AllocatorCollector
 from npudist.telemetry.collectives import CommCollector
 from npudist.telemetry.health import CollectorHealth
@@ -28,8 +28,6 @@ from npudist.telemetry.training import StepTimer, TrainingMetrics
 
 log = logging.getLogger("npudist.telemetry")
 
-PORT_VAR = "NPUDIST_METRICS_PORT"
-HOST_VAR = "NPUDIST_METRICS_HOST"
 VITALS_INTERVAL_S = 15.0
 LOCATE = "rank_device"
 """Collector name under which a failed device lookup is counted (npudist_collector_errors_total)."""
@@ -88,13 +86,17 @@ def local_reading(readings: tuple[DeviceReading, ...], local_rank: int,
     return chip0[local_rank] if local_rank < len(chip0) else None
 
 
+def _settings(env: Mapping[str, str]) -> Settings:
+    try:
+        return Settings.from_env(env)
+    except SettingsError as exc:
+        raise ExporterError(str(exc)) from None
+
+
 def metrics_port(env: Mapping[str, str]) -> int | None:
-    raw = env.get(PORT_VAR, "").strip()
-    if not raw:
+    port = _settings(env).metrics_port
+    if port is None:
         return None
-    if not re.fullmatch(r"[0-9]+", raw):
-        raise ExporterError(f"{PORT_VAR}={raw!r} is not a port number; unset it or give the base port")
-    port = int(raw)
     check_port(port, PORT_VAR, allow_zero=True)  # 0: any free port (tests, single-process notebooks)
     return port
 
@@ -131,7 +133,7 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)
     port = metrics_port(env)
     if port is not None:
-        host = env.get(HOST_VAR, "").strip() or DEFAULT_HOST
+        host = _settings(env).metrics_host or DEFAULT_HOST
         telemetry.server = serve(registry, host, port and port + local_rank)
         log.info("rank %d metrics at %s", rank, telemetry.server.url)
     if source is not None:

@@ -206,7 +206,7 @@ def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], i
     backend = str(dist.get_backend(group))
     device = torch.device("cpu")
     if backend != "gloo":  # NCCL/HCCL/CNCL gather device tensors
-        from npudist.dist import context
+        from npudist.runtime import context
 
         ctx = context()
         if ctx is not None:
@@ -228,7 +228,9 @@ def watch_ddp(ddp: Any, timer: StepTimer) -> None:
     """
     import torch.distributed as dist
 
-    from npudist.comm.stats import RECORDER
+    from npudist.comm.state import state as comm_state
+
+    recorder = comm_state().recorder
 
     def hook(state, bucket):  # DDP checks these annotations: they must stay empty
         started = time.perf_counter()
@@ -241,7 +243,7 @@ def watch_ddp(ddp: Any, timer: StepTimer) -> None:
         def done(f: Any) -> Any:
             seconds = time.perf_counter() - started
             timer.add_wait(seconds)
-            RECORDER.record("all_reduce", backend, nbytes, seconds, ())
+            recorder.record("all_reduce", backend, nbytes, seconds, ())
             return f.value()[0]
 
         return fut.then(done)

@@ -1,11 +1,13 @@
-"""init()/shutdown(): pick the device first, then the backend, then join the process group."""
+"""init()/shutdown(): pick the device first, then the backend, then join the process group.
+
+init() starts (or reuses) this process's Runtime and records the joined group in it as a DistContext;
+shutdown() closes that Runtime.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from npudist.accelerators import Accelerator, accelerator
-from npudist.dist.env import RankInfo, rank_info
+from npudist.runtime.env import RankInfo, rank_info
+from npudist.runtime.settings import Settings, SettingsError
+from npudist.runtime.state import current, end_group, peek
 
-log = logging.getLogger("npudist.dist")
 DEFAULT_TIMEOUT_S = 600.0
-TIMEOUT_VAR = "NPUDIST_TIMEOUT"
 
 
 class DistInitError(RuntimeError):
@@ -42,18 +44,11 @@ class DistContext:
         return self.rank == 0
 
 
-_context: DistContext | None = None
-
-
-def _timeout(value: float | timedelta | None) -> timedelta:
+def _timeout(value: float | timedelta | None, settings: Settings) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if value is None:
-        raw = os.environ.get(TIMEOUT_VAR, "").strip()
-        try:
-            value = float(raw) if raw else DEFAULT_TIMEOUT_S
-        except ValueError:
-            raise DistInitError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
+        value = settings.timeout_s or DEFAULT_TIMEOUT_S
     if value <= 0:
         raise DistInitError(f"timeout must be positive, got {value} s")
     return timedelta(seconds=value)
@@ -106,9 +101,12 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
     The device is selected before the group is created because HCCL and NCCL bind the communicator
     to the current device at creation; the backend is always passed explicitly so torch never guesses.
     """
-    global _context
-    if _context is not None and dist.is_initialized():
-        return _context
+    try:
+        rt = current()
+    except SettingsError as exc:
+        raise DistInitError(str(exc)) from None
+    if rt.context is not None and dist.is_initialized():
+        return rt.context
     info = rank_info(os.environ)
     acc = accelerator()
     if acc.device_type != "cpu":
@@ -122,15 +120,15 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
     acc.set_device(info.local_rank)
     device = acc.device(info.local_rank)
     chosen = backend or acc.backend
-    td = _timeout(timeout)
+    td = _timeout(timeout, rt.settings)
     if not dist.is_initialized():
         _join(info, chosen, td)
-    _context = DistContext(
+    rt.context = DistContext(
         rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=info.local_rank,
         local_world_size=info.local_world_size, node_rank=info.node_rank, device=device,
         backend=str(dist.get_backend()), accelerator=acc, source=info.source, timeout=td,
     )
-    return _context
+    return rt.context
 
 
 def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
@@ -173,39 +171,17 @@ def _attempt_store(info: RankInfo, timeout: timedelta) -> dist.Store:
 
 def context() -> DistContext | None:
     """The context of the last init(), or None before init() or after shutdown()."""
-    return _context if dist.is_available() and dist.is_initialized() else None
-
-
-SHUTDOWN_BARRIER_S = 30.0
+    rt = peek()
+    if rt is None or rt.context is None:
+        return None
+    return rt.context if dist.is_available() and dist.is_initialized() else None
 
 
 def shutdown() -> None:
-    """Destroy the process group; safe to call twice or without init().
-
-    Nothing of npudist's may keep the group or a thread alive into interpreter exit: a gloo worker
-    thread that frees a finished collective then needs the GIL, Python kills it inside a C++ destructor
-    and the process aborts with "terminate called without an active exception" (2 of 25 launches
-    under load, core dump: ``ProcessGroupGloo::runLoop`` -> ``~AsyncWork`` -> ``decref_pyobject``).
-    So the hang watchdog's publisher is joined and the comm context cache, which held the group, is
-    dropped; the group then dies here, where its destructor joins its threads. Ranks first meet at a
-    barrier (bounded, and skipped while an exception is propagating, when a peer may be gone), so no
-    rank tears its group down while a peer's last collective is still in flight.
-    """
-    global _context
-    _context = None
-    from npudist.comm import context  # here: comm imports dist
-    from npudist.comm.watchdog import WATCHDOG
-
-    WATCHDOG.close()  # its thread talks to the store this group is about to lose
-    context.forget()  # a cached group would outlive destroy_process_group() (see below)
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if sys.exc_info()[0] is None and dist.get_world_size() > 1:
-        try:
-            if str(dist.get_backend()) == "gloo":
-                dist.monitored_barrier(timeout=timedelta(seconds=SHUTDOWN_BARRIER_S))
-            else:
-                dist.barrier()
-        except Exception as exc:  # a peer that already left must not turn shutdown into an error
-            log.debug("shutdown barrier failed: %s", exc)
-    dist.destroy_process_group()
+    """Close this process's Runtime (Runtime.close: its parts, then the process group); safe to call
+    twice, or without init() after a plain ``torch.distributed.init_process_group``."""
+    rt = peek()
+    if rt is not None:
+        rt.close()
+    else:
+        end_group()

@@ -62,7 +62,7 @@ class _Counter:
 
 
 class Recorder:
-    """Thread-safe counters; one module-level instance backs stats()/reset_stats()."""
+    """Thread-safe counters; the CommState's instance backs npudist.comm.stats()/reset_stats()."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -130,21 +130,3 @@ class Recorder:
                     self._counters[key] = fresh
                 else:
                     del self._counters[key]
-
-
-RECORDER = Recorder()
-
-
-def stats() -> CommStats:
-    """Immutable snapshot of every collective recorded in this process."""
-    return RECORDER.snapshot()
-
-
-def set_recording(on: bool) -> None:
-    """Turn the accounting of collectives on or off in-process (on by default)."""
-    RECORDER.enabled = bool(on)
-
-
-def reset_stats() -> None:
-    """Start counting afresh (tests, benchmarks)."""
-    RECORDER.reset()

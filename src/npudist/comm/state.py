@@ -1,0 +1,101 @@
+"""What npudist.comm keeps between calls, owned by the process's Runtime, and the switches over it.
+
+A CommState holds the per-group facts (context.py), the recorder, the hang watchdog, the scratch
+buffer pool and all_reduce_many's bucket layouts. It is attached to the Runtime on the first
+collective and ended by ``Runtime.close()`` (``npudist.shutdown()``), so a new process group after a
+shutdown starts from nothing cached. The public functions below change or read the current one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from npudist.comm import constraints as _constraints
+from npudist.comm.buffers import BufferPool, LayoutCache
+from npudist.comm.constraints import Constraints
+from npudist.comm.recorder import CommStats, Recorder
+from npudist.comm.watchdog import Watchdog
+from npudist.runtime.settings import Settings
+from npudist.runtime.state import Runtime, current
+
+if TYPE_CHECKING:
+    from npudist.comm.context import GroupContext
+
+
+class CommState:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.groups: dict[object, GroupContext] = {}
+        """Process group (None: not initialised) -> its cached facts."""
+        self.debug: bool | None = None
+        """set_debug(): overrides Settings.comm_debug while not None."""
+        self.profile: str | None = None
+        """set_profile(): overrides Settings.comm_profile while not None."""
+        self.recorder = Recorder()
+        self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog)
+        self.pool = BufferPool()
+        self.layouts = LayoutCache()
+
+    def close(self) -> None:
+        """Join the watchdog's publisher and drop every cached group and buffer."""
+        self.watchdog.close()
+        self.groups.clear()
+        self.pool.clear()
+        self.layouts.clear()
+
+
+def state() -> CommState:
+    """The current Runtime's CommState, attached on first use."""
+    rt = current()
+    st = rt.comm
+    return st if st is not None else _attach(rt)
+
+
+def _attach(rt: Runtime) -> CommState:
+    with rt.lock:
+        if rt.comm is None:
+            rt.comm = CommState(rt.settings)
+        return rt.comm
+
+
+def set_debug(on: bool | None) -> None:
+    """Turn the cross-rank size handshake on or off in-process (None: back to NPUDIST_COMM_DEBUG)."""
+    st = state()
+    st.debug = on
+    st.groups.clear()
+
+
+def set_profile(name: str | None) -> None:
+    """Apply a constraint profile in-process (None: back to NPUDIST_COMM_PROFILE / the backend's row)."""
+    if name is not None:
+        _constraints.profile(name)
+    st = state()
+    st.profile = name
+    st.groups.clear()
+
+
+def active_constraints(group: object | None = None) -> Constraints:
+    """The active row: set_profile(), else NPUDIST_COMM_PROFILE, else the running backend's row."""
+    st = state()
+    return _constraints.select(st.profile or st.settings.comm_profile, group)
+
+
+def stats() -> CommStats:
+    """Immutable snapshot of every collective recorded since this process's Runtime started."""
+    return state().recorder.snapshot()
+
+
+def set_recording(on: bool) -> None:
+    """Turn the accounting of collectives on or off in-process (on by default)."""
+    state().recorder.enabled = bool(on)
+
+
+def reset_stats() -> None:
+    """Start counting afresh (tests, benchmarks)."""
+    state().recorder.reset()
+
+
+def set_run_dir(path: str | os.PathLike | None) -> None:
+    """Where hang reports are written (default: NPUDIST_RUN_DIR)."""
+    state().watchdog.run_dir = str(path) if path else None

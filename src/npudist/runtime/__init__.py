@@ -1,0 +1,61 @@
+"""This process's npudist runtime: settings, rank layout from any launcher, init()/shutdown().
+
+Names load on first use (as in ``npudist``), so ``npudist.runtime.settings`` and ``.env`` are readable
+without torch, and the lower layers (accelerators, comm) can reach ``runtime.state`` without importing
+``init()``'s own dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from npudist.runtime.env import EnvError, RankInfo, rank_info, torchrun_env
+    from npudist.runtime.lifecycle import DistContext, DistInitError, context, init, shutdown
+    from npudist.runtime.settings import Settings, SettingsError
+    from npudist.runtime.state import Runtime, current
+
+_EXPORTS: Mapping[str, str] = MappingProxyType({
+    "DistContext": "npudist.runtime.lifecycle",
+    "DistInitError": "npudist.runtime.lifecycle",
+    "context": "npudist.runtime.lifecycle",
+    "init": "npudist.runtime.lifecycle",
+    "shutdown": "npudist.runtime.lifecycle",
+    "EnvError": "npudist.runtime.env",
+    "RankInfo": "npudist.runtime.env",
+    "rank_info": "npudist.runtime.env",
+    "torchrun_env": "npudist.runtime.env",
+    "Settings": "npudist.runtime.settings",
+    "SettingsError": "npudist.runtime.settings",
+    "Runtime": "npudist.runtime.state",
+    "current": "npudist.runtime.state",
+})
+
+__all__ = [
+    "DistContext",
+    "DistInitError",
+    "EnvError",
+    "RankInfo",
+    "Runtime",
+    "Settings",
+    "SettingsError",
+    "context",
+    "current",
+    "init",
+    "rank_info",
+    "shutdown",
+    "torchrun_env",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'npudist.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,0 +1,118 @@
+"""Every ``NPUDIST_*`` variable npudist reads, parsed in one place into one typed record.
+
+The process's Runtime reads them once, when it starts; code that is handed an environment mapping
+(``npudist launch`` planning for its ranks, the exporter) parses that mapping with the same function.
+A malformed value is an error naming the variable and what to put there, never a silent default.
+
+Not here, because they are protocol between npudist's own processes rather than settings:
+``NPUDIST_BROKEN_BACKEND`` (backend_guard.py: the CLI re-executing itself), ``NPUDIST_BENCH_PROGRESS``
+(comm/bench_rank.py: bench ranks reporting to their parent) and ``NPUDIST_SD_DIR`` (a shell variable of
+the generated sbatch script, deploy/slurm.py). This module imports nothing heavy: the launcher and the
+CLI read it before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ACCELERATOR_VAR = "NPUDIST_ACCELERATOR"
+TIMEOUT_VAR = "NPUDIST_TIMEOUT"
+PROFILE_VAR = "NPUDIST_COMM_PROFILE"
+DEBUG_VAR = "NPUDIST_COMM_DEBUG"
+SYNC_VAR = "NPUDIST_COMM_SYNC_TIMING"
+RUN_DIR_VAR = "NPUDIST_RUN_DIR"
+WATCHDOG_OFF_VAR = "NPUDIST_WATCHDOG_OFF"
+PORT_VAR = "NPUDIST_METRICS_PORT"
+HOST_VAR = "NPUDIST_METRICS_HOST"
+CPU_NPROC_VAR = "NPUDIST_CPU_NPROC"
+SYSFS_ROOT_VAR = "NPUDIST_SYSFS_ROOT"
+NODE_VAR = "NPUDIST_NODE_NAME"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+class SettingsError(ValueError):
+    """An NPUDIST_* variable holds something npudist cannot use; the message names it and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    accelerator: str | None = None
+    """NPUDIST_ACCELERATOR: the accelerator row to use (npu, cuda, mlu, rknpu, cpu) instead of detecting."""
+    timeout_s: float | None = None
+    """NPUDIST_TIMEOUT: seconds a rendezvous or collective may take before the process group gives up
+    (None: init()'s default)."""
+    comm_profile: str | None = None
+    """NPUDIST_COMM_PROFILE: a constraint profile (comm/constraints.py) applied whatever backend runs."""
+    comm_debug: bool = False
+    """NPUDIST_COMM_DEBUG: every collective first checks across ranks that sizes and dtypes agree."""
+    sync_timing: bool = False
+    """NPUDIST_COMM_SYNC_TIMING: collectives synchronise the device before stopping their clock."""
+    run_dir: str | None = None
+    """NPUDIST_RUN_DIR: where hang reports (and run logs) are written."""
+    watchdog: bool = True
+    """False when NPUDIST_WATCHDOG_OFF is set: collectives are not numbered and published for hang diagnosis."""
+    metrics_port: int | None = None
+    """NPUDIST_METRICS_PORT: rank i serves its metrics on this port + i (0: any free port; None: not served)."""
+    metrics_host: str | None = None
+    """NPUDIST_METRICS_HOST: the interface the ranks' metrics servers bind (None: 127.0.0.1)."""
+    cpu_nproc: int | None = None
+    """NPUDIST_CPU_NPROC: ranks per node for ``npudist launch --nproc-per-node auto`` on CPU."""
+    sysfs_root: str = "/"
+    """NPUDIST_SYSFS_ROOT: the root under which /sys is read (tests point it at a fake tree)."""
+    node_name: str | None = None
+    """NPUDIST_NODE_NAME: the ``node`` label of every metric (None: the host name)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Parse ``env`` (default: this process's environment); SettingsError names a malformed variable."""
+        env = os.environ if env is None else env
+
+        def text(name: str) -> str | None:
+            return env.get(name, "").strip() or None
+
+        return cls(
+            accelerator=(text(ACCELERATOR_VAR) or "").lower() or None,
+            timeout_s=_seconds(text(TIMEOUT_VAR)),
+            comm_profile=text(PROFILE_VAR),
+            comm_debug=(text(DEBUG_VAR) or "").lower() in _TRUE,
+            sync_timing=(text(SYNC_VAR) or "").lower() in _TRUE,
+            run_dir=text(RUN_DIR_VAR),
+            watchdog=text(WATCHDOG_OFF_VAR) is None,
+            metrics_port=_port(text(PORT_VAR)),
+            metrics_host=text(HOST_VAR),
+            cpu_nproc=_positive(CPU_NPROC_VAR, text(CPU_NPROC_VAR)),
+            sysfs_root=env.get(SYSFS_ROOT_VAR) or "/",
+            node_name=text(NODE_VAR),
+        )
+
+
+def _seconds(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise SettingsError(f"{TIMEOUT_VAR}={raw!r}: the timeout must be a positive number of seconds")
+    return value
+
+
+def _port(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not re.fullmatch(r"[0-9]+", raw):
+        raise SettingsError(f"{PORT_VAR}={raw!r} is not a port number; unset it or give the base port")
+    return int(raw)
+
+
+def _positive(name: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingsError(f"{name}={raw!r}: give a positive integer")
+    return int(raw)
