@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import MappingProxyType
 
 import typer
 from rich.console import Console
@@ -54,7 +55,7 @@ def launch(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
-_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+_STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"})
 
 
 @app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails.")

@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from npudist.accelerators import Accelerator
 from npudist.runtime.env import rank_info, torchrun_env
@@ -53,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-_OURS = {"--mpi": 0, "--metrics-port": 1, "--targets-file": 1}
+_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1})
 
 
 def _option_given(tokens: Sequence[str], names: Sequence[str]) -> bool:

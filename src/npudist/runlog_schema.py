@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 VERSION = 1
@@ -123,14 +124,14 @@ def _ops(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
+TYPES: Mapping[str, tuple[Callable[[Any], Any], str]] = MappingProxyType({
     # type name -> (check, how the docs show it)
     "count": (_count, "integer >= 0"),
     "number": (_number, "number"),
     "text": (_text, "string"),
     "numbers": (_numbers, "list of numbers"),
     "ops": (_ops, "list of {op, backend, calls, bytes, seconds}"),
-}
+})
 
 COMMON: tuple[Field, ...] = (
     Field("v", "count", "format version (VERSION)", required=True),
@@ -155,7 +156,7 @@ class Kind:
     fields: tuple[Field, ...]
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
+KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
     Kind("start", "run (or resume) starts", (
         Field("world", "count", "world size", required=True),
         Field("node", "text", "host name"),
@@ -186,7 +187,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("wall_seconds", "number", "wall time of the run segment"),
         Field("ops", "ops", "npudist.comm.stats() made in the segment", required=True),
     )),
-)}
+)})
 
 
 def _kind_of(value: Any) -> str:

@@ -1,4 +1,5 @@
 import sys
+from types import MappingProxyType
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_named_source_is_imported_lazily(monkeypatch):
     module = type(sys)("fake_npu_smi_module")
     module.FakeNpuSmi = FakeNpuSmi
     monkeypatch.setitem(sys.modules, "fake_npu_smi_module", module)
-    monkeypatch.setitem(SOURCES, "npu-smi", "fake_npu_smi_module:FakeNpuSmi")
+    monkeypatch.setattr(sources, "SOURCES", MappingProxyType({**SOURCES, "npu-smi": "fake_npu_smi_module:FakeNpuSmi"}))
     src = load_source("npu-smi")
     assert isinstance(src, FakeNpuSmi) and len(src.read()) == 8
 
@@ -43,7 +44,8 @@ def test_auto_uses_the_vendor_rows_telemetry_source(monkeypatch):
 def test_errors_say_what_is_missing(monkeypatch):
     with pytest.raises(SourceUnavailable, match=r"unknown telemetry source 'gpu'.*npu-smi"):
         load_source("gpu")
-    monkeypatch.setitem(SOURCES, "nvml", "npudist.telemetry.no_such_module:NvmlSource")
+    monkeypatch.setattr(sources, "SOURCES",
+                        MappingProxyType({**SOURCES, "nvml": "npudist.telemetry.no_such_module:NvmlSource"}))
     with pytest.raises(SourceUnavailable, match=r"needs module 'npudist\.telemetry\.no_such_module'"):
         load_source("nvml")
     with pytest.raises(SourceUnavailable, match="has no class 'Nope'"):

@@ -6,8 +6,9 @@ Adding a vendor means adding a row here (and, only if it truly differs, a small 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 
 @dataclass(frozen=True)
@@ -63,4 +64,4 @@ VENDORS: tuple[Vendor, ...] = (
     Vendor("cpu", "cpu", None, "gloo", None, "cpu", False, None, default_nproc=2),
 )
 
-BY_NAME: dict[str, Vendor] = {v.name: v for v in VENDORS}
+BY_NAME: Mapping[str, Vendor] = MappingProxyType({v.name: v for v in VENDORS})

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 import typer
 from rich.console import Console
@@ -25,7 +26,7 @@ from rich.table import Table
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPES = ("float32", "bfloat16", "float16")
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+_UNITS = MappingProxyType({"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30})
 
 
 def parse_size(text: str) -> int:

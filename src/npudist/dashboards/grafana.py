@@ -7,12 +7,13 @@ package index (see docs/dashboards.md); the JSON below follows Grafana's dashboa
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from npudist.dashboards.panels import Dashboard, Panel, Variable
 
 SCHEMA_VERSION = 39
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = MappingProxyType({"type": "prometheus", "uid": "${datasource}"})
 _HEIGHT = 8
 
 
@@ -24,7 +25,7 @@ def _variable(v: Variable) -> dict[str, Any]:
         query = f'query_result(max({v.metric}{{job=~"$job"}}))'
         regex = r"/\} ([0-9]+) /"
     return {
-        "name": v.name, "label": v.name, "type": "query", "datasource": DATASOURCE,
+        "name": v.name, "label": v.name, "type": "query", "datasource": dict(DATASOURCE),
         "query": {"query": query, "refId": f"{v.name}-var"}, "definition": query, "regex": regex,
         "refresh": 2, "includeAll": bool(v.label), "multi": bool(v.label), "allValue": ".*" if v.label else None,
         "current": {}, "options": [], "sort": 1, "hide": 0,
@@ -32,11 +33,11 @@ def _variable(v: Variable) -> dict[str, Any]:
 
 
 def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    targets = [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr,
+    targets = [{"refId": chr(ord("A") + i), "datasource": dict(DATASOURCE), "expr": q.expr,
                 "legendFormat": q.legend or "__auto", "range": p.type != "table", "instant": p.type == "table"}
                for i, q in enumerate(p.queries)]
     out: dict[str, Any] = {
-        "id": pid, "type": p.type, "title": p.title, "description": p.description, "datasource": DATASOURCE,
+        "id": pid, "type": p.type, "title": p.title, "description": p.description, "datasource": dict(DATASOURCE),
         "gridPos": {"h": _HEIGHT, "w": p.width, "x": x, "y": y},
         "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
         "options": {}, "targets": targets,

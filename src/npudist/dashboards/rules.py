@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -49,12 +50,12 @@ class Alert:
 # input is 1/n of the output nccl-tests counts, hence (n - 1) rather than (n - 1)/n
 # (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
 _W = "count by (job) (npudist_steps_total)"
-BUS_FACTORS = {
+BUS_FACTORS = MappingProxyType({
     "all_reduce": f"2 * ({_W} - 1) / {_W}",
     "all_gather": f"({_W} - 1)",
     "reduce_scatter": f"({_W} - 1) / {_W}",
     "broadcast": f"{_W} / {_W}",
-}
+})
 
 
 def _busbw(op: str, factor: str) -> Recording:

@@ -11,14 +11,21 @@ ALL_INTERFACES = "0.0.0.0"
 """`npudist exporter` binds 127.0.0.1 unless told otherwise (telemetry/server.py); in a pod Prometheus
 scrapes the pod's address, so the manifests ask for every interface explicitly."""
 
-# Measured: `npudist exporter --source cpu` holds about 240 MB resident (torch is imported); one read every
-# 5 s costs little CPU.
-RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
-UNPRIVILEGED_POD = {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
-                    "seccompProfile": {"type": "RuntimeDefault"}}
-UNPRIVILEGED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                          "capabilities": {"drop": ["ALL"]}}
-PRIVILEGED_CONTAINER = {"privileged": True, "runAsUser": 0, "runAsNonRoot": False, "readOnlyRootFilesystem": True}
+# Manifest fragments are built per call: each manifest is a fresh document.
+def _resources() -> dict[str, Any]:
+    # Measured: `npudist exporter --source cpu` holds about 240 MB resident (torch is imported); one read
+    # every 5 s costs little CPU.
+    return {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+
+
+def _unprivileged_pod() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _container_security(privileged: bool) -> dict[str, Any]:
+    if privileged:
+        return {"privileged": True, "runAsUser": 0, "runAsNonRoot": False, "readOnlyRootFilesystem": True}
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
 def _probe(**timing: int) -> dict[str, Any]:
@@ -43,14 +50,14 @@ def daemonset(opts: K8sOptions) -> dict[str, Any]:
         "startupProbe": _probe(periodSeconds=5, failureThreshold=12),
         "livenessProbe": _probe(periodSeconds=30, failureThreshold=3),
         "readinessProbe": _probe(periodSeconds=15),
-        "resources": RESOURCES,
-        "securityContext": PRIVILEGED_CONTAINER if privileged else UNPRIVILEGED_CONTAINER,
+        "resources": _resources(),
+        "securityContext": _container_security(privileged),
         "volumeMounts": mounts,
     }
     pod = {"nodeSelector": dict(row.node_selector), "tolerations": [dict(t) for t in row.tolerations],
            "automountServiceAccountToken": False, "containers": [container], "volumes": volumes}
     if not privileged:
-        pod["securityContext"] = UNPRIVILEGED_POD
+        pod["securityContext"] = _unprivileged_pod()
     labels = exporter_labels()
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": meta(EXPORTER, opts, labels),
             "spec": {"selector": {"matchLabels": labels}, "updateStrategy": {"type": "RollingUpdate"},

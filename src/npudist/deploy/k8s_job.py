@@ -7,8 +7,9 @@ One master pod (hosting torchrun's c10d rendezvous store) and nodes - 1 worker p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from npudist.deploy.k8s_exporter import ALL_INTERFACES
@@ -98,12 +99,12 @@ def _volcano_job(opts: K8sOptions, templates: dict[str, dict[str, Any]]) -> dict
                      "tasks": tasks}}
 
 
-SCHEDULERS: dict[str, Scheduler] = {
+SCHEDULERS: Mapping[str, Scheduler] = MappingProxyType({
     "kubeflow": Scheduler("job-pytorchjob.yaml", "Kubeflow PyTorchJob", lambda o: f"{o.name}-master-0",
                           "pytorchjob-port", "OnFailure", _pytorchjob),
     "volcano": Scheduler("job-volcano.yaml", "Volcano Job", lambda o: f"{o.name}-master-0.{o.name}",
                          "rdzv", "Never", _volcano_job),
-}
+})
 
 
 def job(opts: K8sOptions) -> dict[str, Any]:

@@ -6,6 +6,8 @@ the very JSON the dashboards tests query.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -14,12 +16,12 @@ from npudist.dashboards.export import files as dashboard_files
 from npudist.deploy.manifest import meta, render
 from npudist.deploy.options import K8sOptions
 
-GRAFANA_LABEL = {"grafana_dashboard": "1"}
+GRAFANA_LABEL = MappingProxyType({"grafana_dashboard": "1"})
 """What the Grafana Helm chart's dashboard sidecar looks for (its default sidecar.dashboards.label/labelValue)."""
 RULES = "prometheus/rules.yml"
 
 
-def _labels(extra: dict[str, str] | None = None) -> dict[str, str]:
+def _labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {"app.kubernetes.io/name": "npudist", "app.kubernetes.io/part-of": "npudist", **(extra or {})}
 
 

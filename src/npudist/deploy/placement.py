@@ -6,7 +6,9 @@ accelerator is a new row. The telemetry source comes from the vendor table (acce
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from npudist.accelerators.vendors import BY_NAME
 
@@ -27,12 +29,12 @@ class Placement:
     """A name from the vendor table (``--accelerator``)."""
     resource: str | None
     """Extended resource the vendor's device plugin advertises, one per device; None: none needed."""
-    node_selector: dict[str, str]
-    tolerations: tuple[dict[str, str], ...] = ()
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, str], ...] = ()
     """Taints the vendor's device nodes commonly carry (the device plugin's own DaemonSet tolerates them)."""
     exporter_mounts: tuple[HostMount, ...] = ()
     job_mounts: tuple[HostMount, ...] = ()
-    exporter_env: dict[str, str] = field(default_factory=dict)
+    exporter_env: Mapping[str, str] = field(default_factory=dict)
     privileged_because: str | None = None
     """Why the exporter must run as root (and privileged in a pod); None: an unprivileged user will do."""
     default_nproc: int = 8
@@ -40,6 +42,12 @@ class Placement:
     """/dev/shm per training pod (memory-backed emptyDir); torch's data loaders and gloo use it."""
     slurm_gres: str | None = None
     """Generic resource name in the site's gres.conf (``#SBATCH --gres=NAME:COUNT``)."""
+
+    def __post_init__(self) -> None:
+        # Rows are shared constants: their mappings are read-only views.
+        object.__setattr__(self, "node_selector", MappingProxyType(dict(self.node_selector)))
+        object.__setattr__(self, "tolerations", tuple(MappingProxyType(dict(t)) for t in self.tolerations))
+        object.__setattr__(self, "exporter_env", MappingProxyType(dict(self.exporter_env)))
 
     @property
     def telemetry_source(self) -> str:
@@ -95,4 +103,4 @@ _CPU = Placement(
     shm_size="1Gi",
 )
 
-PLACEMENTS: dict[str, Placement] = {p.accelerator: p for p in (_NPU, _CUDA, _CPU)}
+PLACEMENTS: Mapping[str, Placement] = MappingProxyType({p.accelerator: p for p in (_NPU, _CUDA, _CPU)})

@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, WARN, CheckResult
@@ -363,11 +364,11 @@ def device_processes(host: Host) -> list[CheckResult]:
 # TORCH_NCCL_DUMP_ON_TIMEOUT to dump). HCCL: torch_npu mirrors them under TORCH_HCCL_* (torchtitan-npu
 # docs/feature_guides/metrics_and_debugging.md, "HCCL Flight Recorder").
 _FLIGHT_RECORDERS = (
-    ("nccl", "cuda", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/nccl_trace_rank_"}),
-    ("hccl", "npu", {"TORCH_HCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_HCCL_DUMP_ON_TIMEOUT": "1",
-                     "HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_ENABLE_MONITORING": "1",
-                     "TORCH_HCCL_DEBUG_INFO_TEMP_FILE": "/tmp/hccl_trace_rank_"}),
+    ("nccl", "cuda", MappingProxyType({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/nccl_trace_rank_"})),
+    ("hccl", "npu", MappingProxyType({"TORCH_HCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_HCCL_DUMP_ON_TIMEOUT": "1",
+                                      "HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_ENABLE_MONITORING": "1",
+                                      "TORCH_HCCL_DEBUG_INFO_TEMP_FILE": "/tmp/hccl_trace_rank_"})),
 )
 
 

@@ -3,11 +3,13 @@ host memory where the device requires it (RK3588) and adapts to the backend's co
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 import torch.distributed as dist
 
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-        "product": dist.ReduceOp.PRODUCT}
+_OPS = MappingProxyType({"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+        "product": dist.ReduceOp.PRODUCT})
 
 
 def world() -> tuple[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -14,8 +15,8 @@ from npudist.accelerators import Accelerator, accelerator, rknpu
 
 # rknn-toolkit-lite2 core masks, the RKNNLite.NPU_CORE_* names of rknnlite/api/rknn_lite.py (2.5.0): 0 auto,
 # 1/2/4 one core, 3 cores 0&1, 7 cores 0&1&2 (RK3588 only), 0xffff all cores.
-CORE_MASKS = {"auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",
-              "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2", "all": "NPU_CORE_ALL"}
+CORE_MASKS = MappingProxyType({"auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",
+              "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2", "all": "NPU_CORE_ALL"})
 
 
 class RunnerError(RuntimeError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
+from types import MappingProxyType
 
 from npudist.report.model import DEVICE_PLOTS, ReportData, Series
 from npudist.report.svg import line_chart
@@ -19,7 +20,7 @@ td.l, th.l { text-align: left; }
 figure { margin: 8px 0; }
 """
 
-NOT_RECORDED = {
+NOT_RECORDED = MappingProxyType({
     "loss": "Run the job with a run directory (examples/train_ddp.py --run-dir RUN_DIR) so each rank writes "
             "metrics/rank{R}.jsonl.",
     "step_time": "Step times come from the StepTimer; the job ran with --no-telemetry or logged no steps.",
@@ -28,7 +29,7 @@ NOT_RECORDED = {
             "or logged nothing.",
     "bench": "Save a benchmark into the run: npudist bench collective --out RUN_DIR/bench/all_reduce.json",
     "device": "No device source gave readings (utilization, power, temperature, memory) for this run.",
-}
+})
 
 
 def _not_recorded(key: str) -> str:

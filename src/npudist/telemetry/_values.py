@@ -7,17 +7,18 @@ conversions happen exactly once, where data enters.
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 
 MIB = 1024 * 1024
 """npu-smi's "MB" are mebibytes (Ascend npu-smi command reference: memory in MB = 1024*1024 bytes)."""
 
 # Spellings vendor tools use for "no value" (npu-smi NA, -, N/A; nvidia-smi [N/A]; blank).
-_NA = {"", "na", "n/a", "[n/a]", "-", "--", "none", "null"}
+_NA = frozenset({"", "na", "n/a", "[n/a]", "-", "--", "none", "null"})
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 HEALTH_STATES = ("OK", "Warning", "Alarm", "Critical", "UNKNOWN")
 """npu-smi health values (Ascend npu-smi reference, "info" command: Health column)."""
-_HEALTH = {h.lower(): h for h in HEALTH_STATES}
+_HEALTH = MappingProxyType({h.lower(): h for h in HEALTH_STATES})
 
 
 def is_na(raw: str | None) -> bool:

@@ -8,8 +8,9 @@ name's suffix, ``_total`` on counters (https://prometheus.io/docs/practices/nami
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -117,7 +118,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "exporter self-monitoring"),
 )
 
-BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOGUE}
+BY_NAME: Mapping[str, MetricDef] = MappingProxyType({m.name: m for m in CATALOGUE})
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class Threshold:
         return f"{number} {unit}{'' if number == '1' else 's'}"
 
 
-THRESHOLDS: dict[str, Threshold] = {t.name: t for t in (
+THRESHOLDS: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in (
     # Values from the issue that specified the alerts (#3): skew 0.12 for 5 min, backlog > 10 for 2 min
     # (page) and > 8 for 5 min, fragmentation 30 % for 10 min, matmul mean 800 us for 10 min.
     Threshold("skew", "npudist_step_skew_ratio", 0.12, "5m", "NpudistStraggler",
@@ -161,7 +162,7 @@ THRESHOLDS: dict[str, Threshold] = {t.name: t for t in (
               "share of the allocator's reserved memory holding no tensor", percent=True),
     Threshold("matmul_seconds", "npudist:op_duration_seconds:mean", 0.0008, "10m", "NpudistSlowMatmul",
               "mean matmul self time in the profiled steps, seconds"),
-)}
+)})
 
 
 def thresholds_table(rows: Iterable[Threshold] = THRESHOLDS.values()) -> str:

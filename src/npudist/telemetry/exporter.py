@@ -6,6 +6,7 @@ import re
 import signal
 import threading
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry
 
@@ -18,7 +19,7 @@ from npudist.telemetry.sources import SourceUnavailable, load_source
 
 __all__ = ["ExporterError", "NodeExporter", "SourceUnavailable", "build", "parse_interval", "start"]
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "": 1.0}
+_UNITS = MappingProxyType({"ms": 0.001, "s": 1.0, "m": 60.0, "": 1.0})
 
 
 def parse_interval(text: str) -> float:

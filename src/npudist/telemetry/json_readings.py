@@ -16,11 +16,11 @@ from typing import Any
 from npudist.telemetry import _values
 from npudist.telemetry.readings import DeviceReading, ParseError
 
-_FLOATS = {"power_watts", "temperature_celsius", "utilization_ratio", "frequency_hertz"}
-_INTS = {"memory_used_bytes", "memory_total_bytes", "hbm_used_bytes", "hbm_total_bytes",
-         "ddr_used_bytes", "ddr_total_bytes", "logical_id"}
-_STRS = {"name", "health", "bus_id"}
-_NON_NEGATIVE = _INTS | {"power_watts", "frequency_hertz"}
+_FLOATS = frozenset({"power_watts", "temperature_celsius", "utilization_ratio", "frequency_hertz"})
+_INTS = frozenset({"memory_used_bytes", "memory_total_bytes", "hbm_used_bytes", "hbm_total_bytes",
+         "ddr_used_bytes", "ddr_total_bytes", "logical_id"})
+_STRS = frozenset({"name", "health", "bus_id"})
+_NON_NEGATIVE = frozenset(_INTS | {"power_watts", "frequency_hertz"})
 
 
 def _is_int(value: Any) -> bool:

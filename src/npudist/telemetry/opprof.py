@@ -8,12 +8,13 @@ which keeps the ``op`` label bounded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 # Leaf aten ops as they appear in torch.profiler events (native_functions.yaml names); backward kernels
 # map to their forward's family.
-OP_FAMILIES: dict[str, str] = {
+OP_FAMILIES: Mapping[str, str] = MappingProxyType({
     "aten::mm": "matmul", "aten::addmm": "matmul", "aten::bmm": "matmul", "aten::baddbmm": "matmul",
     "aten::addmv": "matmul", "aten::mv": "matmul", "aten::dot": "matmul",
     "aten::_softmax": "softmax", "aten::_log_softmax": "softmax",
@@ -33,7 +34,7 @@ OP_FAMILIES: dict[str, str] = {
     "aten::embedding_dense_backward": "embedding", "aten::index_select": "embedding",
     "aten::nll_loss_forward": "loss", "aten::nll_loss_backward": "loss",
     "aten::native_dropout": "dropout", "aten::native_dropout_backward": "dropout",
-}
+})
 
 
 def normalise(name: str) -> str | None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from npudist.telemetry.readings import Source
 
 # name -> "module:Class". Names match the vendor table's `telemetry_source` column (accelerators/vendors.py).
-SOURCES: dict[str, str] = {
+SOURCES: Mapping[str, str] = MappingProxyType({
     "npu-smi": "npudist.telemetry.npu_smi:NpuSmiSource",
     "rknpu": "npudist.telemetry.rknpu:RknpuSource",
     "nvml": "npudist.telemetry.nvml:NvmlSource",
     "cpu": "npudist.telemetry.host:HostSource",
-}
+})
 
 
 class SourceUnavailable(RuntimeError):

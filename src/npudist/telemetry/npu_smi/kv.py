@@ -14,7 +14,8 @@ Layout facts, from the recordings in ``tests/fakes/npu-smi/t-*.txt``:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from npudist.telemetry import _values as v
@@ -22,7 +23,7 @@ from npudist.telemetry.merge import merge_readings
 from npudist.telemetry.readings import DeviceReading, ParseError
 
 # Normalised key -> (DeviceReading field, converter to base units).
-KV_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+KV_FIELDS: Mapping[str, tuple[str, Callable[[str], Any]]] = MappingProxyType({
     "npu real-time power(w)": ("power_watts", v.non_negative),
     "temperature(c)": ("temperature_celsius", v.celsius),
     "npu temperature(c)": ("temperature_celsius", v.celsius),
@@ -33,7 +34,7 @@ KV_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "ddr capacity(mb)": ("ddr_total_bytes", v.capacity_mib),
     # 310B "-t usages": the chip's only memory (DDR), printed without the DDR prefix.
     "memory capacity(mb)": ("memory_total_bytes", v.capacity_mib),
-}
+})
 # Deliberately not read: usage *rates* of memory (a percentage of capacity is too coarse to report as
 # bytes used), "Aicore Freq" (rated, not current), "Power Dissipation(W)" (MCU block: the card's power).
 

@@ -54,7 +54,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(r"Process\s*name", "pname", text=True),
     Column(r"Process\s*memory\s*\(MB\)", "pmem"),
 )
-_COLUMN_RES = [(re.compile(c.pattern + r"(?=\s|$)", re.IGNORECASE), c) for c in COLUMNS]
+_COLUMN_RES = tuple((re.compile(c.pattern + r"(?=\s|$)", re.IGNORECASE), c) for c in COLUMNS)
 _NA_SLASH = re.compile(r"\[?N/A\]?", re.IGNORECASE)  # "N/A" holds a slash: not a used/total pair
 _GROUP = re.compile(r"([^\s/]+)\s*/\s*([^\s/]+)|\S+")
 
