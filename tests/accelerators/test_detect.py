@@ -110,7 +110,7 @@ def test_fake_torch_npu_is_detected_first_and_device_set_before_group():
 def test_fake_npu_unavailable_falls_back_to_cpu():
     env = child_env({"FAKE_NPU_UNAVAILABLE": "1"}, pythonpath=[FAKES / "vendors"])
     done = run_py(["-c", "import npudist; print(npudist.accelerator().name); "
-                         "print(dict(npudist.accelerators.report())['npu'])"], env=env)
+                         "print(npudist.accelerators.why_unavailable(npudist.accelerators.BY_NAME['npu']))"], env=env)
     assert done.returncode == 0, done.stderr
     name, reason = done.stdout.strip().splitlines()[-2:]
     assert name == "cpu" and "is_available() is False" in reason

@@ -1,7 +1,7 @@
 """Accelerator families as data, with uniform calls over what torch dispatches."""
 
 from npudist.accelerators.accelerator import Accelerator
-from npudist.accelerators.detect import AcceleratorUnavailable, accelerator, get, report
+from npudist.accelerators.detect import AcceleratorUnavailable, accelerator, get
 from npudist.accelerators.probe import why_unavailable
 from npudist.accelerators.vendors import BY_NAME, VENDORS, Vendor
 
@@ -13,6 +13,5 @@ __all__ = [
     "Vendor",
     "accelerator",
     "get",
-    "report",
     "why_unavailable",
 ]

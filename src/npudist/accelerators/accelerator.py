@@ -7,7 +7,6 @@ from types import ModuleType
 
 import torch
 
-from npudist.accelerators.probe import why_unavailable
 from npudist.accelerators.vendors import Vendor
 
 
@@ -53,9 +52,6 @@ class Accelerator:
         if acc is not None and acc.current_accelerator() is not None:
             return _AcceleratorModule(acc)
         raise RuntimeError(f"torch has neither torch.{self.device_type} nor torch.accelerator for it")
-
-    def is_available(self) -> bool:
-        return why_unavailable(self.vendor) is None
 
     def device_count(self) -> int:
         if self.device_type == "cpu":

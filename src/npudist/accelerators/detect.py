@@ -40,7 +40,3 @@ def _detect(forced: str | None) -> Accelerator:
             return Accelerator(vendor)
     raise AssertionError("the cpu row is always available")  # pragma: no cover
 
-
-def report() -> list[tuple[str, str | None]]:
-    """Every vendor with the reason it is unavailable (None when available), in detection order."""
-    return [(v.name, why_unavailable(v)) for v in VENDORS]

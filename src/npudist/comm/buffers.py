@@ -58,7 +58,7 @@ class BufferPool:
         self._lock = threading.Lock()
         self._max_free = max_free_per_key
         self.allocations = 0
-        """How many blocks were allocated (tests and the benchmark check reuse with it)."""
+        """How many blocks were allocated (tests check reuse with it)."""
 
     def acquire(self, numel: int, dtype: torch.dtype, device: torch.device, alignment: int = 1,
                 pin: bool = False) -> Lease:
