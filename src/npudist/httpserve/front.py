@@ -46,7 +46,7 @@ def binds_everything_unasked(host: str) -> bool:
 
 
 def default_max_connections() -> int:
-    """Half the descriptors left after 64 for the process itself (pipes to tools, logs), at most 256."""
+    """A quarter of the descriptor limit, at most 256: the rest stay free for pipes to tools, files, logs."""
     try:
         import resource
 
@@ -55,7 +55,7 @@ def default_max_connections() -> int:
         return 64
     if soft == resource.RLIM_INFINITY:
         return 256
-    return max(4, min(256, (soft - 64) // 2))
+    return max(4, min(256, soft // 4))
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,18 @@ class _Conn:
     head: Head | None = None
 
 
+@dataclass(eq=False)
+class _Linger:
+    """A refused connection, read and discarded until the client closes: closing with its request
+    still unread would reset the connection and lose the error page (the lingering close of RFC 9112 9.6)."""
+
+    sock: socket.socket
+    deadline: float
+
+
+LINGER_S = 2.0
+
+
 Handler = Callable[[Request], "Reply | None"]
 """Runs on a worker; returns the reply, or None when it will call ``reply``/``reply_later`` itself."""
 ErrorPage = Callable[[int, str], Reply]
@@ -135,6 +147,7 @@ class Front:
         self.refused: Counter[int] = Counter()
         """Requests the front answered itself, by status (400/411/413/431 malformed, 408 late, 503 full)."""
         self._reading: dict[socket.socket, _Conn] = {}  # arrival order: oldest first
+        self._lingering: dict[socket.socket, _Linger] = {}
         self._busy = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -199,6 +212,8 @@ class Front:
                     elif key.data == "wake":
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(64)
+                    elif isinstance(key.data, _Linger):
+                        self._discard(key.data)
                     else:
                         self._read(key.data)
         except Exception:  # pragma: no cover - a bug here must not leave the port open and silent
@@ -209,6 +224,8 @@ class Front:
     def _shut(self) -> None:
         for conn in list(self._reading.values()):
             self._drop(conn)
+        for linger in list(self._lingering.values()):
+            self._unlinger(linger)
         for s in (self._listener, self._wake_r, self._wake_w):
             s.close()
         self._sel.close()
@@ -216,6 +233,8 @@ class Front:
     def _sweep(self) -> float:
         """Answer 408 to every connection past its deadline; seconds until the next one is due."""
         now = time.monotonic()
+        for linger in [x for x in self._lingering.values() if x.deadline <= now]:
+            self._unlinger(linger)
         for conn in list(self._reading.values()):
             if conn.deadline > now:
                 return min(0.5, conn.deadline - now)
@@ -304,8 +323,32 @@ class Front:
         self._send_now(conn.sock, status, message)
 
     def _send_now(self, sock: socket.socket, status: int, message: str) -> None:
-        """One non-blocking send of a short error page, then close: never waits on the client."""
+        """One non-blocking send of a short error page, then a lingering close: never waits on the client."""
         self.refused[status] += 1
-        with contextlib.suppress(OSError):
+        try:
             sock.send(self._error_page(status, message).encode())
-        sock.close()
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return
+        if len(self._lingering) >= max(1, self.limits.max_connections // 4):  # descriptors stay bounded
+            sock.close()
+            return
+        linger = self._lingering[sock] = _Linger(sock, time.monotonic() + LINGER_S)
+        self._sel.register(sock, selectors.EVENT_READ, linger)
+
+    def _discard(self, linger: _Linger) -> None:
+        try:
+            if linger.sock.recv(65536):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._unlinger(linger)
+
+    def _unlinger(self, linger: _Linger) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(linger.sock)
+        self._lingering.pop(linger.sock, None)
+        linger.sock.close()

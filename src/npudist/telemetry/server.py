@@ -7,11 +7,12 @@ from __future__ import annotations
 import errno
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import Metric
 
 from npudist.httpserve import Front, Limits, binds_everything_unasked, wsgi_handler
 
@@ -58,6 +59,31 @@ class MetricsServer:
 
     def close(self) -> None:
         self.front.close()
+
+
+class _NameFilter:
+    """The registry as make_wsgi_app sees it, with ``name[]`` filtering that keeps working for collectors
+    without describe(): CollectorRegistry.restricted_registry finds collectors only by described name."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.names: frozenset[str] | None = None
+
+    def restricted_registry(self, names: Iterable[str]) -> _NameFilter:
+        only = _NameFilter(self.registry)
+        only.names = frozenset(names)
+        return only
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if self.names is None:
+                yield metric
+                continue
+            kept = [s for s in metric.samples if s.name in self.names]
+            if kept:
+                only = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                only.samples = kept
+                yield only
 
 
 @dataclass
@@ -127,5 +153,5 @@ def serve(registry: CollectorRegistry, host: str = DEFAULT_HOST, port: int = 0,
                 f"Choose another port, or find the holder with `ss -ltnp | grep :{port}`."
             ) from None
         raise ExporterError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    front.start(wsgi_handler(CoalescedApp(make_wsgi_app(registry)), front.host, front.port))
+    front.start(wsgi_handler(CoalescedApp(make_wsgi_app(_NameFilter(registry))), front.host, front.port))
     return MetricsServer(front.host, front.port, front)
