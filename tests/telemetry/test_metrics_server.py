@@ -104,3 +104,15 @@ def test_twenty_concurrent_scrapers_while_the_source_hangs():
     last = families(results[-1])
     assert samples(last, "npudist_device_power_watts")[
         (("chip", "0"), ("device", "4"), ("model", "910B3"), ("node", "n1"), ("vendor", "npu"))] == 94.0
+
+
+@pytest.mark.parametrize("text", ["0:9400", "0.0:9400", "[::0]:9400", "0x0:9400"])
+def test_listen_shorthands_for_every_interface_are_refused(text):
+    with pytest.raises(ExporterError, match="would listen on every interface; write 0.0.0.0"):
+        parse_listen(text)
+
+
+def test_serve_refuses_an_unasked_every_interface_host():
+    ex = build([], 1.0)
+    with pytest.raises(ExporterError, match="'0' would listen on every interface"):
+        serve(ex.registry, "0", 0)

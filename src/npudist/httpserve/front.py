@@ -46,7 +46,8 @@ def binds_everything_unasked(host: str) -> bool:
 
 
 def default_max_connections() -> int:
-    """A quarter of the descriptor limit, at most 256: the rest stay free for pipes to tools, files, logs."""
+    """A quarter of the descriptor limit, at most 1024: the rest stay free for pipes to tools, files, logs.
+    An idle connection costs a descriptor and a buffer here, no thread, so the cap can be generous."""
     try:
         import resource
 
@@ -54,8 +55,8 @@ def default_max_connections() -> int:
     except (ImportError, OSError, ValueError):
         return 64
     if soft == resource.RLIM_INFINITY:
-        return 256
-    return max(4, min(256, soft // 4))
+        return 1024
+    return max(4, min(1024, soft // 4))
 
 
 @dataclass(frozen=True)
