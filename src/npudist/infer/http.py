@@ -146,7 +146,8 @@ class _Service:
         return None
 
     def stats(self) -> dict[str, Any]:
-        s, refused = self.server.stats, self.front.refused if self.front else {}
+        s = self.server.stats
+        refused = dict(self.front.refused) if self.front else {}  # one C-level copy: the front's thread counts on
         ok = max(s.requests - s.errors, 1)
         malformed = sum(n for status, n in refused.items() if status not in (408, 503))
         return {"requests": s.requests, "errors": s.errors, "bad_requests": self.bad + malformed,
