@@ -1,6 +1,7 @@
 """Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector, 20 concurrent scrapers.
 
     python benchmarks/scrape_latency.py [--seconds 10] [--scrapers 20] [--period 0.25] [--hostile 300]
+    python benchmarks/scrape_latency.py --ab 6 [--block 3] [--hostile 300]   # same-run A/B, see _ab
 
 The exporter runs in its own process (as in production, scrapers do not share its interpreter).
 Phases: the device source answering, then the same source hung (as a stuck npu-smi), each measured
@@ -173,14 +174,47 @@ def _summary(lat: list[float]) -> str:
     return f"n={len(lat):5d} median={statistics.median(lat) * 1e3:6.2f} ms  p99={p99 * 1e3:6.2f} ms"
 
 
+def _p99(lat: list[float]) -> float:
+    lat = sorted(lat)
+    return lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+
+
+def _ab(port: int, args: argparse.Namespace) -> None:
+    """Paced scraping in alternating blocks without and with the hostile connections (ABBA order), so
+    both conditions see the same machine load; prints each condition's pooled figures and their ratio."""
+    pooled: dict[int, list[float]] = {0: [], args.hostile: []}
+    for block in range(args.ab):
+        order = (0, args.hostile) if block % 2 == 0 else (args.hostile, 0)
+        for hostile in order:
+            lat, _ = asyncio.run(_phase(port, args.scrapers, args.block, args.period, hostile))
+            pooled[hostile].extend(lat)
+    base, loaded = pooled[0], pooled[args.hostile]
+    print(f"A/B {args.ab} blocks of {args.block}s, paced x{args.scrapers}: no hostile {_summary(base)}")
+    print(f"A/B {args.ab} blocks of {args.block}s, paced x{args.scrapers}: +{args.hostile} hostile {_summary(loaded)}")
+    print(f"A/B ratio with/without hostile: median {statistics.median(loaded) / statistics.median(base):.2f}, "
+          f"p99 {_p99(loaded) / _p99(base):.2f}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--scrapers", type=int, default=20)
     p.add_argument("--period", type=float, default=0.25)
     p.add_argument("--hostile", type=int, default=300, help="idle/trickling connections in the last phases")
+    p.add_argument("--ab", type=int, default=0, help="instead: this many interleaved blocks without/with hostile")
+    p.add_argument("--block", type=float, default=3.0, help="seconds per --ab block")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
+    if args.ab:
+        q = ctx.Queue()
+        proc = ctx.Process(target=_exporter, args=(q, False), daemon=True)
+        proc.start()
+        port = q.get(timeout=60)
+        asyncio.run(_load(port, args.scrapers, 1.0, args.period))  # warm-up
+        _ab(port, args)
+        proc.terminate()
+        proc.join(5)
+        return
     for hostile in sorted({0, args.hostile}):
         for hang in (False, True):
             q = ctx.Queue()

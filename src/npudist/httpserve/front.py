@@ -113,6 +113,8 @@ class _Linger:
 
 
 LINGER_S = 2.0
+BATCH = 16
+"""Connections accepted or expired per turn of the loop, so ready scrapes are read in between."""
 
 
 Handler = Callable[[Request], "Reply | None"]
@@ -232,18 +234,21 @@ class Front:
         self._sel.close()
 
     def _sweep(self) -> float:
-        """Answer 408 to every connection past its deadline; seconds until the next one is due."""
+        """Answer 408 to connections past their deadline, a batch at a time so that a crowd expiring
+        together does not hold up the scrapes between batches; seconds until the next one is due."""
         now = time.monotonic()
-        for linger in [x for x in self._lingering.values() if x.deadline <= now]:
+        for linger in [x for x in self._lingering.values() if x.deadline <= now][:BATCH]:
             self._unlinger(linger)
-        for conn in list(self._reading.values()):
+        for done, conn in enumerate(list(self._reading.values())):
             if conn.deadline > now:
                 return min(0.5, conn.deadline - now)
+            if done == BATCH:
+                return 0.0
             self._refuse(conn, 408, f"the whole request must arrive within {self.limits.request_timeout_s:g} s")
         return 0.5
 
     def _accept(self) -> None:
-        for _ in range(64):
+        for _ in range(BATCH):
             try:
                 sock, peer = self._listener.accept()
             except BlockingIOError:
