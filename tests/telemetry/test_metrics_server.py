@@ -108,7 +108,7 @@ def test_twenty_concurrent_scrapers_while_the_source_hangs():
 
 @pytest.mark.parametrize("text", ["0:9400", "0.0:9400", "[::0]:9400", "0x0:9400"])
 def test_listen_shorthands_for_every_interface_are_refused(text):
-    with pytest.raises(ExporterError, match="would listen on every interface; write 0.0.0.0"):
+    with pytest.raises(ExporterError, match=r"would listen on every interface; write 0\.0\.0\.0"):
         parse_listen(text)
 
 
