@@ -62,7 +62,7 @@ def test_head_parsing_raises_only_http_error(data):
 
 @pytest.mark.parametrize(("host", "widened"), [
     ("0", True), ("0.0", True), ("0x0", True), ("000.0.0.0", True), ("::0", True), ("0:0::0", True),
-    ("0.0.0.0", False), ("::", False), ("127.0.0.1", False), ("::1", False), ("localhost", False), ("", False),
+    ("0.0.0.0", False), ("::", False), ("127.0.0.1", False), ("::1", False), ("localhost", False), ("", True),
 ])
 def test_only_spelled_out_addresses_bind_every_interface(host, widened):
     assert binds_everything_unasked(host) is widened

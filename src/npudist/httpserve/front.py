@@ -32,9 +32,12 @@ ALL_INTERFACES = ("0.0.0.0", "::")
 
 
 def binds_everything_unasked(host: str) -> bool:
-    """True for an unspecified-address shorthand (``0``, ``0x0``, ``[::0]``) other than 0.0.0.0 and ::."""
+    """True for an unspecified-address shorthand (``0``, ``0x0``, ``::0``, and "" as bind() reads it)
+    other than 0.0.0.0 and ::."""
     if host in ALL_INTERFACES:
         return False
+    if not host.strip():
+        return True
     try:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:
