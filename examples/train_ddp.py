@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     # would be a hidden collective where fast ranks wait for slow ones. torch 2.13 renamed the option.
     no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                else {"broadcast_buffers": False})
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None, **no_sync)
+    # Gradient buckets go through npudist.comm: adapted to the backend, numbered for hang diagnosis, counted.
+    ddp = npudist.ddp(model, **no_sync)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     timer = None
     if telemetry is not None:
         timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100)
-        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time spent waiting for others
+        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
         if args.straggler_diagnosis and args.run_dir and ctx.is_main:
             from npudist.telemetry.straggler import StragglerDiagnosis
 

@@ -3,6 +3,7 @@
 from npudist._version import __version__
 from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
 from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, constraints, reduce_scatter
+from npudist.comm.ddp import ddp
 from npudist.dist import DistContext, DistInitError, init, shutdown
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "all_reduce_many",
     "broadcast",
     "constraints",
+    "ddp",
     "init",
     "reduce_scatter",
     "shutdown",
