@@ -9,7 +9,9 @@ steps (order ABBA, so a drift in machine load cancels), with fresh model copies 
 block order, as benchmarks/telemetry_ab.py does. Each block's time is rank 0's wall time (DDP keeps the
 ranks in step); pair 0 is warm-up. Reported: median npudist / median plain, and the median of the
 per-pair ratios. Target (issue 13): <= 1.02. ``--aa`` wraps both arms in plain DDP: its ratio is the
-method's own error on this machine.
+method's own error on this machine. Also reported, the same ratios of rank 0's process CPU time per
+block (all its threads, gloo's included): what the hook costs in work, which other jobs on a shared
+machine disturb much less than they disturb wall time.
 """
 
 from __future__ import annotations
@@ -56,14 +58,14 @@ def main() -> None:
 
     step = {"npudist": 0, "plain": 0}
 
-    def block(name: str, copies: dict) -> float:
+    def block(name: str, copies: dict) -> tuple[float, float]:
         model, opt = copies[name]
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.block):
             step[name] += 1
             ex.train_step(model, opt, cfg, step[name], ctx)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     rows = []
     for pair in range(args.pairs + 1):
@@ -71,21 +73,26 @@ def main() -> None:
         copies = {name: build(name) for name in order}
         times = {name: block(name, copies) for name in order}
         if pair and ctx.rank == 0:
-            rows.append({"pair": pair, "npudist_s": times["npudist"], "plain_s": times["plain"],
-                         "ratio": times["npudist"] / times["plain"]})
-            print(f"  pair {pair}: npudist {times['npudist'] / args.block * 1e3:7.2f} ms/step, plain "
-                  f"{times['plain'] / args.block * 1e3:7.2f} ms/step, ratio {rows[-1]['ratio']:.4f}", flush=True)
+            (a, a_cpu), (b, b_cpu) = times["npudist"], times["plain"]
+            rows.append({"pair": pair, "npudist_s": a, "plain_s": b, "ratio": a / b, "npudist_cpu_s": a_cpu,
+                         "plain_cpu_s": b_cpu, "cpu_ratio": a_cpu / b_cpu})
+            print(f"  pair {pair}: npudist {a / args.block * 1e3:7.2f} ms/step, plain {b / args.block * 1e3:7.2f} "
+                  f"ms/step, ratio {a / b:.4f}; cpu ratio {a_cpu / b_cpu:.4f}", flush=True)
     calls = npudist.comm.stats().get("all_reduce")
     if ctx.rank == 0:
-        a = statistics.median(r["npudist_s"] for r in rows)
-        b = statistics.median(r["plain_s"] for r in rows)
+        def med(key: str) -> float:
+            return statistics.median(r[key] for r in rows)
+
         result = {"aa": args.aa, "block_steps": args.block, "pairs": rows,
-                  "median_npudist_ms_per_step": a / args.block * 1e3, "median_plain_ms_per_step": b / args.block * 1e3,
-                  "ratio": a / b, "median_pair_ratio": statistics.median(r["ratio"] for r in rows),
+                  "median_npudist_ms_per_step": med("npudist_s") / args.block * 1e3,
+                  "median_plain_ms_per_step": med("plain_s") / args.block * 1e3,
+                  "ratio": med("npudist_s") / med("plain_s"), "median_pair_ratio": med("ratio"),
+                  "cpu_ratio": med("npudist_cpu_s") / med("plain_cpu_s"), "median_pair_cpu_ratio": med("cpu_ratio"),
                   "bucket_all_reduces_recorded": calls.calls if calls else 0}
         print(f"{'A/A (plain in both arms): ' if args.aa else ''}median npudist.ddp "
               f"{result['median_npudist_ms_per_step']:.2f} ms/step, plain DDP {result['median_plain_ms_per_step']:.2f}"
               f" ms/step: ratio {result['ratio']:.4f} (median of pair ratios {result['median_pair_ratio']:.4f}); "
+              f"CPU time ratio {result['cpu_ratio']:.4f} ({result['median_pair_cpu_ratio']:.4f}); "
               f"{result['bucket_all_reduces_recorded']} bucket all_reduces recorded", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))

@@ -13,11 +13,24 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
+import npudist
+from npudist.telemetry import StepTimer, watch_ddp
 from tests.conftest import child_env, run_npudist
 
 SCRIPT = str(Path(__file__).parent / "rank_ddp.py")
 TIMEOUT_S = 4
+
+
+def test_ddp_before_init_says_to_call_init():
+    with pytest.raises(RuntimeError, match=r"npudist.ddp needs a process group: call npudist.init\(\) first"):
+        npudist.ddp(torch.nn.Linear(2, 2))
+
+
+def test_watch_ddp_refuses_a_model_npudist_did_not_wrap():
+    with pytest.raises(ValueError, match=r"Linear was not made by npudist.ddp\(\)"):
+        watch_ddp(torch.nn.Linear(2, 2), StepTimer(exchange_every=0))
 
 
 def _results(out: Path, world: int, proc) -> dict[int, dict]:

@@ -52,8 +52,8 @@ class Handle:
     """What an async collective returns: ``wait()`` (or the future of ``get_future()``) finishes the
     post-processing and the accounting, exactly once."""
 
-    __slots__ = ("_backend", "_done", "_error", "_finish", "_future", "_kinds", "_nbytes", "_op", "_record",
-                 "_start", "_sync", "_work", "result", "seconds")
+    __slots__ = ("_backend", "_done", "_error", "_finish", "_future", "_kinds", "_nbytes", "_on_done", "_op",
+                 "_record", "_start", "_sync", "_work", "result", "seconds")
 
     def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
                  ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
@@ -65,6 +65,7 @@ class Handle:
         self._sync = ctx.device_type if ctx.sync_timing else None
         self._done = False
         self._future: torch.futures.Future | None = None
+        self._on_done: Callable[[], None] | None = None
         self._error: BaseException | None = None
         self.seconds: float | None = None
         """Issue to completion, once finished (what a DDP step spent on this bucket)."""
@@ -101,12 +102,16 @@ class Handle:
         self._settle(True)
         return True
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self, on_done: Callable[[], None] | None = None) -> torch.futures.Future:
         """A Future that completes with ``result`` once the collective, its post-processing and its
-        accounting are done (what a DDP comm hook returns). Its callback runs on the backend's thread."""
+        accounting are done (what a DDP comm hook returns), after calling ``on_done()`` if given. Its
+        callback runs on the backend's thread."""
         if self._future is None:
-            if self._work is None:
+            self._on_done = on_done
+            if self._work is None:  # nothing in flight (an empty tensor): complete it now
                 self.wait()
+                if on_done is not None:
+                    on_done()
                 self._future = torch.futures.Future()
                 self._future.set_result(self.result)
             else:
@@ -122,6 +127,8 @@ class Handle:
             self._settle(False)
             raise
         self._settle(True, shared=True)
+        if self._on_done is not None:
+            self._on_done()
         return self.result
 
     def _settle(self, ok: bool, shared: bool = False) -> None:

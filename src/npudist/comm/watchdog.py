@@ -245,13 +245,7 @@ class _WatchedHandle:
         backend's error here (a future's callback cannot carry our exception type through C++);
         ``wait()`` afterwards diagnoses it and raises CollectiveHangError."""
         seq = self._seq
-
-        def settled(fut: Any) -> Any:
-            value = fut.value()
-            WATCHDOG.done(seq)
-            return value
-
-        return self._inner.get_future().then(settled)
+        return self._inner.get_future(lambda: WATCHDOG.done(seq))
 
     def wait(self, timeout: float | None = None) -> bool:
         try:
