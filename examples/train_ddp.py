@@ -104,6 +104,26 @@ def global_batch(seed: int, step: int, n: int, seq_len: int, vocab: int) -> torc
     return seq
 
 
+# No per-step buffer sync: the only buffer is the constant causal mask, and a per-step broadcast would
+# be a hidden collective where fast ranks wait for slow ones. torch 2.13 renamed the option.
+NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                  else {"broadcast_buffers": False})
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, step: int,
+               ctx: npudist.DistContext) -> torch.Tensor:
+    """One optimizer step on this rank's share of the step's global batch; returns the loss."""
+    per_rank = args.global_batch_size // ctx.world_size
+    batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
+    mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
+    logits = model(mine[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def params_sha256(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
@@ -133,14 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.global_batch_size % ctx.world_size:
         raise SystemExit(f"--global-batch-size {args.global_batch_size} must divide by the world size "
                          f"{ctx.world_size}")
-    per_rank = args.global_batch_size // ctx.world_size
     torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
     model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation).to(ctx.device)
-    # No per-step buffer sync: the only buffer is the constant causal mask, and a per-step broadcast
-    # would be a hidden collective where fast ranks wait for slow ones. torch 2.13 renamed the option.
-    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-               else {"broadcast_buffers": False})
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None, **no_sync)
+    # Gradient buckets go through npudist.comm: adapted to the backend, numbered for hang diagnosis, counted.
+    ddp = npudist.ddp(model, **NO_BUFFER_SYNC)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0
@@ -149,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     timer = None
     if telemetry is not None:
         timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100)
-        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time spent waiting for others
+        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
         if args.straggler_diagnosis and args.run_dir and ctx.is_main:
             from npudist.telemetry.straggler import StragglerDiagnosis
 
@@ -162,13 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
-            batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
-            mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
-            logits = ddp(mine[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss = train_step(ddp, opt, args, step, ctx)
             if ctx.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000)
             seconds = end_step()

@@ -14,6 +14,7 @@ from npudist._version import __version__
 if TYPE_CHECKING:
     from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
     from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, constraints, reduce_scatter
+    from npudist.comm.ddp import ddp
     from npudist.dist import DistContext, DistInitError, init, shutdown
 
 _EXPORTS: dict[str, str] = {
@@ -26,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "broadcast": "npudist.comm",
     "constraints": "npudist.comm",
     "reduce_scatter": "npudist.comm",
+    "ddp": "npudist.comm.ddp",
     "DistContext": "npudist.dist",
     "DistInitError": "npudist.dist",
     "init": "npudist.dist",
@@ -46,6 +48,7 @@ __all__ = [
     "all_reduce_many",
     "broadcast",
     "constraints",
+    "ddp",
     "init",
     "reduce_scatter",
     "shutdown",
