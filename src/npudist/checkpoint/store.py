@@ -155,6 +155,7 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
                 sharded: bool, rank: int) -> SaveHandle:
     """Take the host copy here; everything after it runs in WRITER's background thread."""
     kind = "sharded" if sharded else "plain"
+    group = None
     if sharded:
         import torch.distributed.checkpoint as dcp
 
@@ -176,11 +177,20 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
     delay = float(os.environ.get(TEST_DELAY_VAR) or 0)
 
     def work() -> tuple[Path | None, int]:
-        write_files()
-        if rank != 0:
-            return None, 0
-        time.sleep(delay)
-        return final, _publish(root, tmp, final, step, keep, kind)
+        published = None
+        try:
+            write_files()
+            if rank == 0:
+                time.sleep(delay)
+                published = final, _publish(root, tmp, final, step, keep, kind)
+        finally:
+            if group is not None:  # every rank's wait() returns once rank 0 published (or failed)
+                flag = torch.tensor([int(published is not None)])
+                dist.broadcast(flag, src=0, group=group)
+                if rank != 0 and not flag.item():
+                    raise CheckpointError(f"checkpoint step {step} was not published: rank 0 failed "
+                                          "(its log says why)")
+        return published or (None, 0)
 
     def on_error(exc: Exception) -> CheckpointError:
         if rank == 0:
