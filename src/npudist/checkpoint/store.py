@@ -137,14 +137,15 @@ def _publish(root: Path, tmp: Path, final: Path, step: int, keep: int, kind: str
     """Manifest, fsync, rename into place, prune; the checkpoint's bytes. Rank 0, after all files exist."""
     files = [p for p in tmp.rglob("*") if p.is_file()]
     manifest = build_manifest(step, files, tmp, kind, __version__)
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    text = json.dumps(manifest, indent=1).encode()
+    (tmp / MANIFEST).write_bytes(text)
     _fsync_tree(tmp)
     if final.exists():  # the same step saved again (a resumed run): replace it whole
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
     _prune(root, keep)
-    return sum(m["bytes"] for m in manifest["files"].values()) + (final / MANIFEST).stat().st_size
+    return sum(m["bytes"] for m in manifest["files"].values()) + len(text)
 
 
 TEST_DELAY_VAR = "NPUDIST_TEST_CHECKPOINT_DELAY_S"
@@ -166,7 +167,7 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
         def write_files() -> None:
             future.result()
     elif rank == 0:
-        snapshot = WRITER.stager().stage(state)
+        snapshot = WRITER.host_copy(state)
 
         def write_files() -> None:
             with open(tmp / STATE_FILE, "wb") as f:
