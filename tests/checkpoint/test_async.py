@@ -13,6 +13,7 @@ from npudist.checkpoint import store
 from npudist.checkpoint.writer import WRITER
 from npudist.telemetry.checkpoints import CheckpointCollector
 from npudist.telemetry.health import CollectorHealth
+from tests.checkpoint.test_store import _failing_save
 
 
 @pytest.fixture(autouse=True)
@@ -52,14 +53,6 @@ def test_one_write_in_flight_the_next_save_waits_and_says_so(tmp_path, monkeypat
     assert "checkpoint step 1 was still being written" in caplog.text and "waited" in caplog.text
     second.wait()
     assert checkpoint.list_checkpoints(tmp_path) == [2, 1] and checkpoint.stats().inflight == 0
-
-
-def _failing_save(err: int):
-    def fail(obj, f, *a, **kw):
-        f.write(b"x" * 100)  # part of the file made it to disk before the error
-        raise OSError(err, "simulated")
-
-    return fail
 
 
 @pytest.mark.parametrize(("err", "text"),

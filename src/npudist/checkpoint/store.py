@@ -78,14 +78,15 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
          sharded: bool = False, async_save: bool = False) -> Path | SaveHandle | None:
     """Write ``state`` as checkpoint ``step``; return its directory on the writing rank.
 
-    Plain (DDP) state: rank 0 writes, the others go on. ``sharded=True`` uses
+    Plain (DDP) state: rank 0 writes; the others wait for it (sync) or go on (async). ``sharded=True`` uses
     torch.distributed.checkpoint so every rank writes its shards (FSDP, tensor parallel). Either way
     the new directory appears whole or not at all, and only then are checkpoints beyond ``keep`` removed.
 
     ``async_save=True`` returns a SaveHandle once a host copy of ``state`` is taken; writing, fsync,
     checksums and manifest happen in the background. One write is in flight at a time (the next save
-    waits for it), and a background failure is raised as CheckpointError by the next save on every rank,
-    by ``handle.wait()`` or by ``npudist.shutdown()``.
+    waits for it), and a background failure is raised as CheckpointError by ``handle.wait()``, by the
+    next save on the ranks that wrote (rank 0 for plain state; every rank for sharded state) or by
+    ``npudist.shutdown()``.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
@@ -94,11 +95,19 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
     rank = dist.get_rank() if _distributed() else 0
     final, tmp = root / step_dir_name(step), root / tmp_dir_name(step)
     error = WRITER.settle()  # at most one save in flight, and its failure is this call's failure
+    if async_save and not sharded:
+        # Plain state has one writer, rank 0, so there is nothing to agree on: no collective here,
+        # which would make every save wait for the slowest rank. Rank 0 raises its own failures.
+        if error is not None:
+            raise error
+        handle = _save_async(state, root, tmp, final, step, keep, False, rank) if rank == 0 else SaveHandle(step)
+        WRITER.record(snapshot_s=time.perf_counter() - began)
+        return handle
     if rank == 0 and error is None:
         error = _prepare(root, tmp, step)
     _raise_if_any(error)  # also orders rank 0's fresh tmp directory before any rank's shard writes
     if async_save:
-        handle = _save_async(state, root, tmp, final, step, keep, sharded, rank)
+        handle = _save_async(state, root, tmp, final, step, keep, True, rank)
         WRITER.record(snapshot_s=time.perf_counter() - began)
         return handle
     try:
@@ -166,14 +175,14 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
 
         def write_files() -> None:
             future.result()
-    elif rank == 0:
+    else:
         snapshot = WRITER.host_copy(state)
 
         def write_files() -> None:
+            if error := _prepare(root, tmp, step):
+                raise error
             with open(tmp / STATE_FILE, "wb") as f:
                 torch.save(snapshot, f)
-    else:
-        return SaveHandle(step)  # plain state: rank 0 holds the same copy and writes it
 
     delay = float(os.environ.get(TEST_DELAY_VAR) or 0)
 
@@ -196,6 +205,8 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
     def on_error(exc: Exception) -> CheckpointError:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, CheckpointError):
+            return exc
         if isinstance(exc, OSError):
             return _explain_write_error(exc, root, step)
         return CheckpointError(f"could not save checkpoint step {step}: {type(exc).__name__}: {exc}")
