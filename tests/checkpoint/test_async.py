@@ -133,3 +133,13 @@ def test_a_broken_stats_source_is_counted_not_raised():
 
     assert list(CheckpointCollector(health, ["0", "0", "h"], stats=broken).collect()) == []
     assert health.errors("checkpoint") == {"error": 1}
+
+
+def test_a_normal_exit_without_shutdown_waits_for_the_last_write(tmp_path):
+    from tests.conftest import child_env, run_py
+
+    script = ("import sys, torch; from npudist import checkpoint; "
+              "checkpoint.save({'w': torch.ones(3)}, sys.argv[1], 4, async_save=True)")
+    done = run_py(["-c", script, str(tmp_path)], env=child_env({store.TEST_DELAY_VAR: "0.5"}), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert checkpoint.list_checkpoints(tmp_path) == [4] and checkpoint.load_latest(tmp_path)[1] == 4
