@@ -131,23 +131,19 @@ def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer,
     return step, float(state["loss"])
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    ctx = npudist.init()
+def claim_run_dir(run_dir: str) -> checkpoint.RunDirLock | None:
+    """One job per run directory: rank 0 holds the lock until the run ends; a second job stops here."""
     try:
-        # One job per run directory; rank 0 holds the lock until this process ends (lock.py).
-        lock = checkpoint.lock_run_dir(args.run_dir) if args.run_dir else None
+        return checkpoint.lock_run_dir(run_dir)
     except checkpoint.CheckpointError as exc:
         npudist.shutdown()
         raise SystemExit(f"train_ddp.py: {exc}") from None
-    try:
-        train(args, ctx)
-    finally:
-        if lock is not None:
-            lock.release()  # after train()'s shutdown() has waited for the last checkpoint write
 
 
-def train(args: argparse.Namespace, ctx: npudist.DistContext) -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    ctx = npudist.init()
+    lock = claim_run_dir(args.run_dir) if args.run_dir else None
     if args.global_batch_size % ctx.world_size:
         raise SystemExit(f"--global-batch-size {args.global_batch_size} must divide by the world size "
                          f"{ctx.world_size}")
@@ -214,7 +210,11 @@ def train(args: argparse.Namespace, ctx: npudist.DistContext) -> None:
             runlog.close()
         if telemetry is not None:
             telemetry.close()
-        npudist.shutdown()
+        try:
+            npudist.shutdown()  # waits for the last background checkpoint write
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 if __name__ == "__main__":
