@@ -4,8 +4,10 @@
 
 The batch for a step is a pure function of (seed, step), split across ranks, so the global batch is
 the same whatever the world size and a resumed run sees exactly the samples of an uninterrupted one.
-With --run-dir it checkpoints every --checkpoint-every steps and resumes from the newest good
-checkpoint on start, so a killed and restarted run ends bit-for-bit where an uninterrupted one does.
+With --run-dir it checkpoints every --checkpoint-every steps (written in the background unless
+--sync-checkpoints) and resumes from the newest good checkpoint on start, so a killed and restarted
+run ends bit-for-bit where an uninterrupted one does. A second job started on a run directory that
+a live job holds exits at once, naming the holder.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default=None, help="checkpoints go here; the run resumes from them")
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (with --run-dir)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--sync-checkpoints", action="store_true",
+                   help="write checkpoints in the training loop instead of in the background")
     p.add_argument("--straggler-diagnosis", type=int, default=0, metavar="WINDOWS",
                    help="with --run-dir: write a straggler diagnosis after this many skewed windows in a row")
     p.add_argument("--slow-rank", type=int, default=-1, help="testing: this rank sleeps --slow-ms per step")
@@ -147,9 +151,19 @@ def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer,
     return step, float(state["loss"])
 
 
+def claim_run_dir(run_dir: str) -> checkpoint.RunDirLock | None:
+    """One job per run directory: rank 0 holds the lock until the run ends; a second job stops here."""
+    try:
+        return checkpoint.lock_run_dir(run_dir)
+    except checkpoint.CheckpointError as exc:
+        npudist.shutdown()
+        raise SystemExit(f"train_ddp.py: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = npudist.init()
+    lock = claim_run_dir(args.run_dir) if args.run_dir else None
     if args.global_batch_size % ctx.world_size:
         raise SystemExit(f"--global-batch-size {args.global_batch_size} must divide by the world size "
                          f"{ctx.world_size}")
@@ -197,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 loss_value = float(loss.detach())
                 checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
                                  "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
-                                keep=args.keep)
+                                keep=args.keep, async_save=not args.sync_checkpoints)
         print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
@@ -206,7 +220,11 @@ def main(argv: list[str] | None = None) -> None:
             runlog.close()
         if telemetry is not None:
             telemetry.close()
-        npudist.shutdown()
+        try:
+            npudist.shutdown()  # waits for the last background checkpoint write
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 if __name__ == "__main__":

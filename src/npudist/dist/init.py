@@ -180,7 +180,9 @@ SHUTDOWN_BARRIER_S = 30.0
 
 
 def shutdown() -> None:
-    """Destroy the process group; safe to call twice or without init().
+    """Finish the last asynchronous checkpoint write, then destroy the process group; safe to call
+    twice or without init(). A background checkpoint failure not raised yet is raised here, after
+    the teardown (CheckpointError).
 
     Nothing of npudist's may keep the group or a thread alive into interpreter exit: a gloo worker
     thread that frees a finished collective then needs the GIL, Python kills it inside a C++ destructor
@@ -193,11 +195,23 @@ def shutdown() -> None:
     """
     global _context
     _context = None
+    from npudist.checkpoint.writer import WRITER as CHECKPOINTS
     from npudist.comm import context  # here: comm imports dist
     from npudist.comm.watchdog import WATCHDOG
 
+    # The last asynchronous checkpoint write lands first: a sharded one talks over this group.
+    checkpoint_error = CHECKPOINTS.close()
     WATCHDOG.close()  # its thread talks to the store this group is about to lose
     context.forget()  # a cached group would outlive destroy_process_group() (see below)
+    _destroy_group()
+    if checkpoint_error is not None:
+        if sys.exc_info()[0] is not None:  # never replace the error already on its way out
+            log.error("%s", checkpoint_error)
+        else:
+            raise checkpoint_error
+
+
+def _destroy_group() -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     if sys.exc_info()[0] is None and dist.get_world_size() > 1:
