@@ -1,10 +1,13 @@
-"""Fault-tolerance figures for the README: recovery time after a killed worker, steps recomputed,
-checkpoint save time, and checkpointing overhead as a ratio of step time.
+"""Fault-tolerance figures for the README: what a checkpoint costs the training loop, recovery time
+after a killed worker, and steps recomputed.
 
-    python benchmarks/fault_tolerance.py [--repeats 3] [--steps 120] [--every 20] [--json]
+    python benchmarks/fault_tolerance.py [--rounds 6] [--block-steps 100] [--every 20] [--repeats 3] [--json]
 
-Everything is measured in this run, on this machine: 2 ranks over gloo on the CPU, the example job.
-Overhead is a ratio against runs without checkpoints, interleaved in blocks (these machines are noisy).
+Everything is measured in this run, on this machine: 2 ranks over gloo on the CPU, the example's model
+and AdamW state. The cost is measured inside ONE job (benchmarks/checkpoint_cost_rank.py): blocks
+without checkpoints, with asynchronous and with synchronous ones, interleaved, so every figure is a
+ratio against a baseline of the same job: the time save() holds the loop (slowest rank, per save) as
+a share of step time, and the mean step time with checkpoints over the mean without.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,21 +38,16 @@ def _launch(args: list[str], **kw) -> subprocess.Popen:
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def timed_run(steps: int, every: int | None) -> float:
-    """Wall seconds between the first and the last logged step (start-up excluded)."""
-    with tempfile.TemporaryDirectory() as d:
-        extra = ["--run-dir", d, "--checkpoint-every", str(every)] if every else []
-        proc = _launch(["examples/train_ddp.py", "--steps", str(steps), "--log-every", "1", *extra])
-        first = last = None
-        for line in proc.stdout:
-            if STEP.match(line):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-        proc.wait(timeout=600)
-        if proc.returncode != 0 or first is None:
-            raise SystemExit(f"training run failed (exit {proc.returncode})")
-        return (last - first) / (steps - 1)
+def checkpoint_cost(rounds: int, block_steps: int, every: int) -> dict:
+    """benchmarks/checkpoint_cost_rank.py on 2 ranks: one job, interleaved blocks without, with
+    asynchronous and with synchronous checkpoints."""
+    proc = _launch(["benchmarks/checkpoint_cost_rank.py", "--rounds", str(rounds), "--block-steps",
+                    str(block_steps), "--every", str(every)])
+    out, _ = proc.communicate(timeout=1200)
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise SystemExit(f"checkpoint cost run failed (exit {proc.returncode}):\n{out[-3000:]}")
 
 
 def recovery(steps: int, every: int, kill_at: int) -> dict[str, float]:
@@ -77,60 +74,30 @@ def recovery(steps: int, every: int, kill_at: int) -> dict[str, float]:
         return {"kill_to_first_step_s": first_after - killed_at, "steps_recomputed": reached - resumed}
 
 
-def save_seconds(repeats: int) -> float:
-    sys.path.insert(0, str(REPO / "src"))
-    sys.path.insert(0, str(REPO / "examples"))
-    import torch
-    from train_ddp import TinyLM
-
-    from npudist import checkpoint
-
-    model = TinyLM(64, 64, 2, 32)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randint(0, 64, (2, 32))).sum().backward()
-    opt.step()
-    times = []
-    with tempfile.TemporaryDirectory() as d:
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": i}, d, i)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3, help="interleaved blocks of with/without checkpoints")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--repeats", type=int, default=3, help="recovery runs (killed worker -> resumed)")
+    p.add_argument("--rounds", type=int, default=6, help="interleaved rounds of none/async/sync blocks")
+    p.add_argument("--block-steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=120, help="steps of each recovery run")
     p.add_argument("--every", type=int, default=20, help="checkpoint interval (the example's default)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    plain, ckpt = [], []
-    for _ in range(args.repeats):
-        plain.append(timed_run(args.steps, None))
-        ckpt.append(timed_run(args.steps, args.every))
-    step_s = statistics.median(plain)
-    save_s = save_seconds(30)
+    cost = checkpoint_cost(args.rounds, args.block_steps, args.every)
     rec = [recovery(args.steps, args.every, kill_at) for kill_at in (27, 55, 93)[: args.repeats]]
-    result = {
-        "step_seconds_median": step_s,
-        "step_seconds_with_checkpoints_median": statistics.median(ckpt),
-        "checkpoint_time_ratio": statistics.median(ckpt) / step_s,
-        "save_seconds_median": save_s,
-        "save_overhead_per_step_ratio": save_s / args.every / step_s,
-        "kill_to_first_step_seconds": [r["kill_to_first_step_s"] for r in rec],
-        "steps_recomputed": [r["steps_recomputed"] for r in rec],
-        "checkpoint_every": args.every,
-    }
+    result = {**cost, "kill_to_first_step_seconds": [r["kill_to_first_step_s"] for r in rec],
+              "steps_recomputed": [r["steps_recomputed"] for r in rec]}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"step time (median, no checkpoints)      {step_s * 1e3:8.2f} ms")
-    with_ckpt = result["step_seconds_with_checkpoints_median"]
-    print(f"step time with a checkpoint every {args.every:3d}  {with_ckpt * 1e3:8.2f} ms"
-          f"  (ratio {result['checkpoint_time_ratio']:.3f})")
-    print(f"one checkpoint save (median of 30)      {save_s * 1e3:8.2f} ms"
-          f"  (= {result['save_overhead_per_step_ratio']:.3%} of step time per step at every={args.every})")
+    print(f"step time without checkpoints (median of {cost['rounds']} blocks of {args.block_steps} steps) "
+          f"{cost['step_seconds_no_checkpoints'] * 1e3:.2f} ms")
+    for mode in ("async", "sync"):
+        c = cost[mode]
+        print(f"{mode:5s} save every {args.every}: blocks the loop {c['save_blocks_median_s'] * 1e3:.2f} ms median, "
+              f"{c['save_blocks_mean_s'] * 1e3:.2f} ms mean = {c['blocked_share_of_step_time']:.2%} of step time; "
+              f"step time ratio with/without {c['step_time_ratio']:.3f}")
+    print(f"saves that waited for the previous background write: {cost['waits_for_previous_write']}")
     for r in rec:
         print(f"killed worker -> first step after resume {r['kill_to_first_step_s']:6.2f} s, "
               f"steps recomputed {r['steps_recomputed']}")

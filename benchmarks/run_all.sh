@@ -24,5 +24,8 @@ run telemetry_ab python benchmarks/telemetry_ab.py --pairs 12 --block 300
 run telemetry_ab_null python benchmarks/telemetry_ab.py --pairs 12 --block 300 --aa
 run telemetry_ab_calibration python benchmarks/telemetry_ab.py --pairs 12 --block 300 --inject-ms 0.2
 run scrape_latency python benchmarks/scrape_latency.py --seconds 5
+run scrape_hostile_ab python benchmarks/scrape_latency.py --ab 6 --block 3
+run ddp_ab python -m npudist launch --nproc-per-node 2 benchmarks/ddp_ab.py --pairs 10 --block 200
+run ddp_ab_null python -m npudist launch --nproc-per-node 2 benchmarks/ddp_ab.py --pairs 10 --block 200 --aa
 run fault_tolerance python benchmarks/fault_tolerance.py --repeats 3
 run ops_infer python benchmarks/bench_ops_infer.py

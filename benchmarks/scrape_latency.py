@@ -1,11 +1,15 @@
 """Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector, 20 concurrent scrapers.
 
-    python benchmarks/scrape_latency.py [--seconds 10] [--scrapers 20] [--period 0.25]
+    python benchmarks/scrape_latency.py [--seconds 10] [--scrapers 20] [--period 0.25] [--hostile 300]
+    python benchmarks/scrape_latency.py --ab 6 [--block 3] [--hostile 300]   # same-run A/B, see _ab
 
 The exporter runs in its own process (as in production, scrapers do not share its interpreter).
 Phases: the device source answering, then the same source hung (as a stuck npu-smi), each measured
-paced (every scraper every --period s) and closed-loop (every scraper back to back, saturation).
-Target: median <= 5 ms and p99 <= 20 ms under 20 concurrent scrapers, including while the source hangs.
+paced (every scraper every --period s) and closed-loop (every scraper back to back, saturation);
+then both again with --hostile connections held open the whole time (half send a request line and
+idle, half trickle one header byte a second; each reconnects when the server cuts it off, as an
+attacker would). Target: median <= 5 ms and p99 <= 20 ms under 20 concurrent scrapers, including while
+the source hangs; p99 <= 20 ms with 300 idle or trickling connections open.
 """
 
 from __future__ import annotations
@@ -115,10 +119,80 @@ async def _load(port: int, scrapers: int, seconds: float, period: float | None) 
     return out
 
 
+@dataclass
+class Hostile:
+    """Connections held open against the server for a whole phase."""
+
+    port: int
+    count: int
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    open_now: int = 0
+    cut_off: int = 0
+
+    async def _one(self, trickle: bool) -> None:
+        while not self.stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.5)
+                continue
+            self.open_now += 1
+            writer.write(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+            while not self.stop.is_set():
+                try:
+                    if trickle:
+                        writer.write(b"a")
+                    if not await asyncio.wait_for(reader.read(4096), 1.0):
+                        break
+                except asyncio.TimeoutError:
+                    continue
+                except OSError:
+                    break
+            self.open_now -= 1
+            self.cut_off += not self.stop.is_set()
+            writer.close()
+
+    async def hold(self) -> None:
+        await asyncio.gather(*(self._one(i % 2 == 1) for i in range(self.count)))
+
+
+async def _phase(port: int, scrapers: int, seconds: float, period: float | None, hostile: int
+                 ) -> tuple[list[float], str]:
+    crowd = Hostile(port, hostile)
+    holder = asyncio.ensure_future(crowd.hold())
+    await asyncio.sleep(1.0 if hostile else 0)  # connections open before the clock starts
+    lat = await _load(port, scrapers, seconds, period)
+    held = f", {crowd.open_now} hostile open at the end, {crowd.cut_off} cut off" if hostile else ""
+    crowd.stop.set()
+    await holder
+    return lat, held
+
+
 def _summary(lat: list[float]) -> str:
     lat = sorted(lat)
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
     return f"n={len(lat):5d} median={statistics.median(lat) * 1e3:6.2f} ms  p99={p99 * 1e3:6.2f} ms"
+
+
+def _p99(lat: list[float]) -> float:
+    lat = sorted(lat)
+    return lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+
+
+def _ab(port: int, args: argparse.Namespace) -> None:
+    """Paced scraping in alternating blocks without and with the hostile connections (ABBA order), so
+    both conditions see the same machine load; prints each condition's pooled figures and their ratio."""
+    pooled: dict[int, list[float]] = {0: [], args.hostile: []}
+    for block in range(args.ab):
+        order = (0, args.hostile) if block % 2 == 0 else (args.hostile, 0)
+        for hostile in order:
+            lat, _ = asyncio.run(_phase(port, args.scrapers, args.block, args.period, hostile))
+            pooled[hostile].extend(lat)
+    base, loaded = pooled[0], pooled[args.hostile]
+    print(f"A/B {args.ab} blocks of {args.block}s, paced x{args.scrapers}: no hostile {_summary(base)}")
+    print(f"A/B {args.ab} blocks of {args.block}s, paced x{args.scrapers}: +{args.hostile} hostile {_summary(loaded)}")
+    print(f"A/B ratio with/without hostile: median {statistics.median(loaded) / statistics.median(base):.2f}, "
+          f"p99 {_p99(loaded) / _p99(base):.2f}", flush=True)
 
 
 def main() -> None:
@@ -126,22 +200,36 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--scrapers", type=int, default=20)
     p.add_argument("--period", type=float, default=0.25)
+    p.add_argument("--hostile", type=int, default=300, help="idle/trickling connections in the last phases")
+    p.add_argument("--ab", type=int, default=0, help="instead: this many interleaved blocks without/with hostile")
+    p.add_argument("--block", type=float, default=3.0, help="seconds per --ab block")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
-    for hang in (False, True):
+    if args.ab:
         q = ctx.Queue()
-        proc = ctx.Process(target=_exporter, args=(q, hang), daemon=True)
+        proc = ctx.Process(target=_exporter, args=(q, False), daemon=True)
         proc.start()
         port = q.get(timeout=60)
-        time.sleep(1.5 if hang else 0.2)  # with --hang the second read is stuck by now
         asyncio.run(_load(port, args.scrapers, 1.0, args.period))  # warm-up
-        paced = asyncio.run(_load(port, args.scrapers, args.seconds, args.period))
-        closed = asyncio.run(_load(port, args.scrapers, args.seconds, None))
+        _ab(port, args)
         proc.terminate()
         proc.join(5)
-        state = "source hung" if hang else "source ok  "
-        print(f"{state} paced every {args.period}s x{args.scrapers}: {_summary(paced)}")
-        print(f"{state} closed loop      x{args.scrapers}: {_summary(closed)}", flush=True)
+        return
+    for hostile in sorted({0, args.hostile}):
+        for hang in (False, True):
+            q = ctx.Queue()
+            proc = ctx.Process(target=_exporter, args=(q, hang), daemon=True)
+            proc.start()
+            port = q.get(timeout=60)
+            time.sleep(1.5 if hang else 0.2)  # with --hang the second read is stuck by now
+            asyncio.run(_load(port, args.scrapers, 1.0, args.period))  # warm-up
+            paced, held_p = asyncio.run(_phase(port, args.scrapers, args.seconds, args.period, hostile))
+            closed, held_c = asyncio.run(_phase(port, args.scrapers, args.seconds, None, hostile))
+            proc.terminate()
+            proc.join(5)
+            state = ("source hung" if hang else "source ok  ") + (f" +{hostile} hostile" if hostile else "")
+            print(f"{state} paced every {args.period}s x{args.scrapers}: {_summary(paced)}{held_p}")
+            print(f"{state} closed loop      x{args.scrapers}: {_summary(closed)}{held_c}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@ other jobs), far more than the 2 % to resolve. Here one `npudist launch` job tra
 of the example's model (examples/train_ddp.py: same architecture, seed, data and batch), each under its
 own DDP, in alternating blocks of ``--block`` steps (order ABBA, so a drift in machine load cancels):
 
-- "on":  the copy with npudist.telemetry.watch_ddp (its comm hook times and counts every bucket), a
+- "on":  the copy read by npudist.telemetry.watch_ddp (gradient wait time from npudist.ddp's hook), a
   StepTimer stepped every step with the skew exchange every 20 steps and operator sampling every 100,
   and both ranks' exporters scraped every second by a separate scraper process;
-- "off": the other copy, plain DDP, no timer; the scraper pauses (the idle exporter thread stays).
+- "off": the other copy, no timer; the scraper pauses (the idle exporter thread stays).
+
+Both copies are npudist.ddp models, so the comm hook's own cost is not in this figure (benchmarks/ddp_ab.py
+measures it against plain DDP).
 
 Each block's time is rank 0's wall time for the block (DDP keeps the ranks in step). The first pair is
 warm-up and dropped. Reported: median on / median off - 1, and the median of the per-pair ratios.
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import json
 import os
 import statistics
@@ -59,7 +61,6 @@ def _example():
 
 def worker(args: argparse.Namespace) -> None:
     import torch
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import npudist
@@ -68,14 +69,11 @@ def worker(args: argparse.Namespace) -> None:
     ex = _example()
     cfg = ex.parse_args([])
     ctx = npudist.init()
-    per_rank = cfg.global_batch_size // ctx.world_size
-    # as in the example: no per-step buffer broadcast (torch 2.13 renamed the option)
-    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-               else {"broadcast_buffers": False})
+    no_sync = ex.NO_BUFFER_SYNC  # as in the example
 
     def build() -> tuple[DDP, torch.optim.Optimizer]:
         torch.manual_seed(cfg.seed)
-        ddp = DDP(ex.TinyLM(cfg.vocab, cfg.d_model, cfg.layers, cfg.seq_len, cfg.activation), **no_sync)
+        ddp = npudist.ddp(ex.TinyLM(cfg.vocab, cfg.d_model, cfg.layers, cfg.seq_len, cfg.activation), **no_sync)
         return ddp, torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
 
     telemetry = npudist.telemetry.serve_rank_metrics(ctx)
@@ -103,13 +101,7 @@ def worker(args: argparse.Namespace) -> None:
             timer.step()  # starts the clock (the block before was "off": paused)
         for _ in range(args.block):
             step[name] += 1
-            batch = ex.global_batch(cfg.seed, step[name], cfg.global_batch_size, cfg.seq_len, cfg.vocab)
-            mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank]
-            logits = ddp(mine[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), mine[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            ex.train_step(ddp, opt, cfg, step[name], ctx)
             if name == "on" and args.inject_ms:
                 until = time.perf_counter() + args.inject_ms / 1000
                 while time.perf_counter() < until:  # CPU work, as telemetry's is (a sleep would yield the core)

@@ -4,8 +4,10 @@
 
 The batch for a step is a pure function of (seed, step), split across ranks, so the global batch is
 the same whatever the world size and a resumed run sees exactly the samples of an uninterrupted one.
-With --run-dir it checkpoints every --checkpoint-every steps and resumes from the newest good
-checkpoint on start, so a killed and restarted run ends bit-for-bit where an uninterrupted one does.
+With --run-dir it checkpoints every --checkpoint-every steps (written in the background unless
+--sync-checkpoints) and resumes from the newest good checkpoint on start, so a killed and restarted
+run ends bit-for-bit where an uninterrupted one does. A second job started on a run directory that
+a live job holds exits at once, naming the holder.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default=None, help="checkpoints go here; the run resumes from them")
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (with --run-dir)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--sync-checkpoints", action="store_true",
+                   help="write checkpoints in the training loop instead of in the background")
     p.add_argument("--straggler-diagnosis", type=int, default=0, metavar="WINDOWS",
                    help="with --run-dir: write a straggler diagnosis after this many skewed windows in a row")
     p.add_argument("--slow-rank", type=int, default=-1, help="testing: this rank sleeps --slow-ms per step")
@@ -104,6 +108,26 @@ def global_batch(seed: int, step: int, n: int, seq_len: int, vocab: int) -> torc
     return seq
 
 
+# No per-step buffer sync: the only buffer is the constant causal mask, and a per-step broadcast would
+# be a hidden collective where fast ranks wait for slow ones. torch 2.13 renamed the option.
+NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                  else {"broadcast_buffers": False})
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, step: int,
+               ctx: npudist.DistContext) -> torch.Tensor:
+    """One optimizer step on this rank's share of the step's global batch; returns the loss."""
+    per_rank = args.global_batch_size // ctx.world_size
+    batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
+    mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
+    logits = model(mine[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def params_sha256(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
@@ -127,20 +151,26 @@ def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer,
     return step, float(state["loss"])
 
 
+def claim_run_dir(run_dir: str) -> checkpoint.RunDirLock | None:
+    """One job per run directory: rank 0 holds the lock until the run ends; a second job stops here."""
+    try:
+        return checkpoint.lock_run_dir(run_dir)
+    except checkpoint.CheckpointError as exc:
+        npudist.shutdown()
+        raise SystemExit(f"train_ddp.py: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = npudist.init()
+    lock = claim_run_dir(args.run_dir) if args.run_dir else None
     if args.global_batch_size % ctx.world_size:
         raise SystemExit(f"--global-batch-size {args.global_batch_size} must divide by the world size "
                          f"{ctx.world_size}")
-    per_rank = args.global_batch_size // ctx.world_size
     torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
     model = TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation).to(ctx.device)
-    # No per-step buffer sync: the only buffer is the constant causal mask, and a per-step broadcast
-    # would be a hidden collective where fast ranks wait for slow ones. torch 2.13 renamed the option.
-    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-               else {"broadcast_buffers": False})
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type != "cpu" else None, **no_sync)
+    # Gradient buckets go through npudist.comm: adapted to the backend, numbered for hang diagnosis, counted.
+    ddp = npudist.ddp(model, **NO_BUFFER_SYNC)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
     window_start, window_samples = time.perf_counter(), 0
@@ -149,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     timer = None
     if telemetry is not None:
         timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100)
-        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time spent waiting for others
+        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
         if args.straggler_diagnosis and args.run_dir and ctx.is_main:
             from npudist.telemetry.straggler import StragglerDiagnosis
 
@@ -162,13 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
-            batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
-            mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
-            logits = ddp(mine[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss = train_step(ddp, opt, args, step, ctx)
             if ctx.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000)
             seconds = end_step()
@@ -187,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 loss_value = float(loss.detach())
                 checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
                                  "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
-                                keep=args.keep)
+                                keep=args.keep, async_save=not args.sync_checkpoints)
         print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
@@ -196,7 +220,11 @@ def main(argv: list[str] | None = None) -> None:
             runlog.close()
         if telemetry is not None:
             telemetry.close()
-        npudist.shutdown()
+        try:
+            npudist.shutdown()  # waits for the last background checkpoint write
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
     from npudist.comm import active_constraints as constraints
     from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, reduce_scatter
+    from npudist.comm.ddp import ddp
     from npudist.runtime import DistContext, DistInitError, init, shutdown
 
 # Public name -> (module, attribute there).
@@ -30,6 +31,7 @@ _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "broadcast": ("npudist.comm", "broadcast"),
     "constraints": ("npudist.comm", "active_constraints"),
     "reduce_scatter": ("npudist.comm", "reduce_scatter"),
+    "ddp": ("npudist.comm.ddp", "ddp"),
     "DistContext": ("npudist.runtime.lifecycle", "DistContext"),
     "DistInitError": ("npudist.runtime.lifecycle", "DistInitError"),
     "init": ("npudist.runtime.lifecycle", "init"),
@@ -50,6 +52,7 @@ __all__ = [
     "all_reduce_many",
     "broadcast",
     "constraints",
+    "ddp",
     "init",
     "reduce_scatter",
     "shutdown",

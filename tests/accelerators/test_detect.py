@@ -16,7 +16,7 @@ def _close_runtime() -> None:
     """Settings are read and detection cached per Runtime: the next call starts a fresh one."""
     rt = runtime_state.peek()
     if rt is not None:
-        rt.close(destroy_group=False)
+        rt.close()
 
 
 @pytest.fixture(autouse=True)

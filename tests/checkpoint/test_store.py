@@ -142,7 +142,7 @@ def test_a_file_that_is_not_a_checkpoint_never_runs_code(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_sharded_save_and_load_on_two_ranks(tmp_path):
+def test_sharded_save_and_load_on_two_ranks_sync_and_async(tmp_path):
     from tests.conftest import REPO, run_npudist
 
     done = run_npudist(["launch", "--nproc-per-node", "2", str(REPO / "tests/checkpoint/sharded_probe.py"),
@@ -152,6 +152,7 @@ def test_sharded_save_and_load_on_two_ranks(tmp_path):
     for r in results:
         assert r["step"] == 4 and r["w"] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0] and r["b"] == [7.0, 7.0]
     assert [r["writer"] for r in results] == [True, False]
+    assert [(r["async_step"], r["async_w"]) for r in results] == [(8, [100.0, 101, 102, 103, 104, 105])] * 2
     manifest = json.loads((tmp_path / "step-00000004" / "manifest.json").read_text())
     assert manifest["kind"] == "sharded" and ".metadata" in manifest["files"]
     assert verify(tmp_path / "step-00000004")[1] is None

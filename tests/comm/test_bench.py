@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
+from rich.console import Console
 
-from npudist.comm.bench import bus_factor, parse_size, sizes, summarise
+from npudist.comm.bench import bus_factor, parse_size, run_ranks, sizes, summarise
 from tests.conftest import run_npudist
 
 
@@ -56,3 +60,17 @@ def test_strict_bf16_odd_sizes_are_right_beside_a_baseline():
 def test_bad_options_are_named():
     proc = run_npudist(["bench", "collective", "--op", "all_to_all"], timeout=60)
     assert proc.returncode == 2 and "--op 'all_to_all'" in proc.stderr
+
+
+def test_a_silent_hung_rank_is_stopped_at_the_deadline(tmp_path):
+    """No progress line ever comes: the deadline must still fire, and the rank's group is stopped."""
+    pid_file = tmp_path / "pid"
+    hung = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                                  "time.sleep(120)"]
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not finish within 1 s"):
+        run_ranks(hung, 1, 1.0, Console(quiet=True), show=False)
+    assert time.monotonic() - began < 60  # bounded; before the fix it waited on the silent pipe for 120 s
+    pid = int(pid_file.read_text())
+    assert subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True,
+                          timeout=10).stdout.strip() in ("", "Z")

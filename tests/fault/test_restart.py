@@ -3,6 +3,7 @@
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +40,21 @@ def _run_until(proc: subprocess.Popen, pattern: re.Pattern, deadline: float) -> 
     raise AssertionError(f"never saw {pattern.pattern!r}; output so far:\n{seen[-3000:]}")
 
 
-def test_sigkilled_worker_is_restarted_and_the_result_is_unchanged(tmp_path):
+def _rank0_worker(parent: psutil.Process) -> psutil.Process:
+    return next(p for p in _workers(parent) if p.environ().get("RANK") == "0")
+
+
+def _wait_for_write_in_progress(run_dir, deadline: float):
+    """The .tmp-step-N directory of a background checkpoint write, once one exists."""
+    while time.monotonic() < deadline:
+        found = sorted(run_dir.glob(".tmp-step-*"))
+        if found:
+            return found[0]
+        time.sleep(0.01)
+    raise AssertionError(f"no background checkpoint write seen in {run_dir}")
+
+
+def test_sigkilled_writer_mid_background_write_resumes_from_the_previous_checkpoint_bitwise(tmp_path):
     steps, every = 60, 10
     reference = run_npudist(["launch", "--nproc-per-node", "2", *_train_args(tmp_path / "ref", steps, every)],
                             timeout=240)
@@ -47,27 +62,52 @@ def test_sigkilled_worker_is_restarted_and_the_result_is_unchanged(tmp_path):
     expected = FINAL.search(reference.stdout).groups()
 
     kill_at = random.Random(20261202).randint(12, 45)
+    run_dir = tmp_path / "run"
+    # Every background write sleeps 1 s between its files and its manifest: a slow disk to be killed on.
+    env = child_env({"NPUDIST_TEST_CHECKPOINT_DELAY_S": "1.0"})
     proc = subprocess.Popen([sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--max-restarts",
-                             "2", *_train_args(tmp_path / "run", steps, every)], cwd=REPO, env=child_env(),
+                             "2", *_train_args(run_dir, steps, every)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen, _ = _run_until(proc, re.compile(rf"^step={kill_at} "), time.monotonic() + 120)
-        victim = _workers(psutil.Process(proc.pid))[-1]
-        victim.send_signal(signal.SIGKILL)
+        writing = _wait_for_write_in_progress(run_dir, time.monotonic() + 60)
+        _rank0_worker(psutil.Process(proc.pid)).send_signal(signal.SIGKILL)  # rank 0 is the writer
         rest, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
     output = seen + rest
     assert proc.returncode == 0, output[-3000:]
-    reached = max(int(s) for s in STEP.findall(seen))
+    unfinished = int(writing.name.rsplit("-", 1)[1])
     resumed = int(RESUMED.search(rest).group(1))
-    assert resumed <= reached and reached - resumed <= every  # steps recomputed <= checkpoint interval
+    assert resumed == unfinished - every  # the half-written checkpoint never became the newest good one
+    reached = max(int(s) for s in STEP.findall(seen))
+    assert reached - resumed <= 2 * every  # the write of one checkpoint overlaps the next interval
+    assert "took over the lock of a job that is no longer running" in rest  # the dead rank 0's run dir lock
     assert FINAL.search(output).groups() == expected  # bitwise: same loss text and same parameter hash
+    assert not list(run_dir.glob(".tmp-*"))
+
+
+def test_a_second_job_on_a_live_run_directory_exits_at_once_naming_the_holder(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from npudist import checkpoint; "
+                               "checkpoint.lock_run_dir(sys.argv[1]); print('held', flush=True); time.sleep(300)",
+                               str(run_dir)], env=child_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        second = run_npudist(["launch", "--nproc-per-node", "2", *_train_args(run_dir, 5, 5)], timeout=120)
+        text = second.stdout + second.stderr
+        assert second.returncode != 0
+        assert f"is in use by another job (host {socket.gethostname()}, pid {holder.pid}, started " in text
+        assert text.count("train_ddp.py: run directory") == 2  # both ranks stopped, each saying why
+        assert "step=" not in second.stdout and not list(run_dir.glob("step-*"))
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    # A stale lock (its holder dead) is taken over: tests/checkpoint/test_lock.py, and under torchrun in
+    # the SIGKILL test above, where the restarted rank 0 takes over its killed predecessor's lock.
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

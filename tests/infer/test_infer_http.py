@@ -17,6 +17,7 @@ import pytest
 
 from npudist.infer.http import BadRequest, parse_batch
 from tests.conftest import REPO, child_env
+from tests.httpserve.clients import Crowd
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -107,7 +108,13 @@ def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None
         assert doc["ranks"] == 2
         assert set(doc["latency_seconds"]) == {"distribute", "compute", "compute_mean_over_ranks",
                                                "aggregate", "total"}
-        time.sleep(1.2)  # idle past idle_seconds: rank 0 pings the follower, which must keep waiting
+        crowd = Crowd(int(port_file.read_text()), 6, how="body", pace=0.3)  # trickling clients hold nothing
+        try:
+            time.sleep(1.2)  # idle past idle_seconds: rank 0 pings the follower, which must keep waiting
+            status, doc = _post(f"{base}/predict", b'{"inputs": [[1, 2]]}')
+            assert (status, doc["labels"]) == (200, [0])
+        finally:
+            crowd.close()
         for body, code, text in [(b"{oops", 400, "not JSON"), (b'{"inputs": [[1, 2, 3]]}', 400, "rows of 2"),
                                  (b'{"inputs": [[1, 2]]', 400, "not JSON"),  # cut off
                                  (json.dumps({"inputs": [[0, 0]] * 9}).encode(), 400, "at most 8")]:
@@ -121,11 +128,11 @@ def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None
         assert (status, doc["labels"]) == (200, [1])
         with urllib.request.urlopen(f"{base}/stats", timeout=30) as resp:
             stats = json.loads(resp.read())
-        assert (stats["requests"], stats["errors"], stats["bad_requests"]) == (3, 1, 4)
+        assert (stats["requests"], stats["errors"], stats["bad_requests"]) == (4, 1, 4)
         assert _post(f"{base}/shutdown", b"")[0] == 200
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
-        assert "rank=1 stopped requests=3 errors=1" in out  # the follower served every request, then left
+        assert "rank=1 stopped requests=4 errors=1" in out  # the follower served every request, then left
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started, nothing else

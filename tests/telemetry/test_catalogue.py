@@ -26,7 +26,11 @@ def test_issue_metric_names_are_all_catalogued():
         "npudist_collective_bytes_total", "npudist_collective_duration_seconds",
         "npudist_collective_inflight", "npudist_collective_adaptations_total",
         "npudist_collector_errors_total", "npudist_collector_last_success_timestamp_seconds",
-        "npudist_collector_duration_seconds"]
+        "npudist_collector_duration_seconds",
+        # issue 15: checkpoints
+        "npudist_checkpoint_snapshot_duration_seconds", "npudist_checkpoint_write_duration_seconds",
+        "npudist_checkpoint_bytes_total", "npudist_checkpoint_inflight", "npudist_checkpoint_waits_total",
+        "npudist_checkpoint_failures_total"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"

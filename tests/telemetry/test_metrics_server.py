@@ -71,6 +71,10 @@ def test_twenty_concurrent_scrapers_while_the_source_hangs():
     ex = build([source], interval_s=0.05, node="n1", timeout_s=0.1)
     ex.pollers[0].poll_once()
     ex.pollers[0].start()  # now hung in its second read
+    hung_by = time.monotonic() + 10
+    while not ex.health.errors("fake").get("timeout") and time.monotonic() < hung_by:
+        time.sleep(0.02)
+    assert ex.health.errors("fake").get("timeout"), "the source never hung past its timeout"
     server = serve(ex.registry, port=0)
     results: list[str] = []
     failures: list[BaseException] = []
@@ -100,4 +104,15 @@ def test_twenty_concurrent_scrapers_while_the_source_hangs():
     last = families(results[-1])
     assert samples(last, "npudist_device_power_watts")[
         (("chip", "0"), ("device", "4"), ("model", "910B3"), ("node", "n1"), ("vendor", "npu"))] == 94.0
-    assert ex.health.errors("fake")["timeout"] >= 1
+
+
+@pytest.mark.parametrize("text", ["0:9400", "0.0:9400", "[::0]:9400", "0x0:9400"])
+def test_listen_shorthands_for_every_interface_are_refused(text):
+    with pytest.raises(ExporterError, match=r"would listen on every interface; write 0\.0\.0\.0"):
+        parse_listen(text)
+
+
+def test_serve_refuses_an_unasked_every_interface_host():
+    ex = build([], 1.0)
+    with pytest.raises(ExporterError, match="'0' would listen on every interface"):
+        serve(ex.registry, "0", 0)

@@ -49,6 +49,29 @@ def test_hang_is_killed_at_the_timeout(fake_path, monkeypatch):
     assert time.monotonic() - start < 10
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_hung_wrapper_script_is_killed_with_its_children(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    wrapper = tmp_path / "npu-smi"  # as vendor installs ship it: a shell script around the real binary
+    wrapper.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pid_file}\nwait\n")
+    wrapper.chmod(0o755)
+    with pytest.raises(SourceError) as err:
+        NpuSmiSource(binary=str(wrapper), timeout=1.0).read()
+    assert err.value.reason == "timeout" and "with its children" in str(err.value)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"the wrapper's child {child} outlived the timeout (orphaned)"
+
+
 def test_exit_code(fake_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "fail")
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_EXIT", "3")

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import math
+import re
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npudist.telemetry import ParseError
+from npudist.telemetry import DeviceReading, ParseError
 from npudist.telemetry import rknpu as rk
+from npudist.telemetry.devices import DeviceCollector
+from npudist.telemetry.health import CollectorHealth
 from npudist.telemetry.npu_smi import parse, parse_kv, parse_mapping, parse_processes, parse_table
+from npudist.telemetry.poller import Poller
+from tests.telemetry.exp_helpers import ScriptedSource
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 RECORDINGS = sorted(p.read_text() for p in (FAKES / "npu-smi").glob("*.txt")) + sorted(
@@ -71,3 +78,69 @@ def test_table_results_stay_in_base_unit_ranges(text):
         for used, total in pairs:
             assert total is None or total > 0
             assert used is None or used >= 0
+
+
+ABSURD = ["9" * 400, "9" * 5000, "1" + "0" * 320 + ".5", "4" * 19 + "0", "-" + "9" * 400]
+NUMERIC_FIELDS = ("power_watts", "temperature_celsius", "utilization_ratio", "frequency_hertz", "memory_used_bytes",
+                  "memory_total_bytes", "hbm_used_bytes", "hbm_total_bytes", "ddr_used_bytes", "ddr_total_bytes")
+
+
+@st.composite
+def absurd_number_in_recording(draw):
+    """A real recording with one of its numbers replaced by hundreds of digits (or past int-string limits)."""
+    text = draw(st.sampled_from([r for r in RECORDINGS if re.search(r"\d", r)]))
+    spots = [m.span() for m in re.finditer(r"\d+(?:\.\d+)?", text)]
+    a, b = draw(st.sampled_from(spots))
+    return text[:a] + draw(st.sampled_from(ABSURD)) + text[b:]
+
+
+def _exported(readings) -> list[float]:
+    health = CollectorHealth()
+    poller = Poller(ScriptedSource([list(readings)]), health, interval_s=1.0)
+    poller.poll_once()
+    return [s.value for fam in DeviceCollector([poller], health, "n").collect() for s in fam.samples]
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=absurd_number_in_recording())
+def test_absurd_numbers_are_skipped_never_raised_or_inf(name, text):
+    try:
+        out = PARSERS[name](text)
+    except ParseError:
+        return
+    readings = out if isinstance(out, list) else getattr(out, "devices", [])
+    for r in readings:
+        if isinstance(r, DeviceReading):
+            assert all(getattr(r, f) is None or math.isfinite(getattr(r, f)) for f in NUMERIC_FIELDS), r
+    assert all(math.isfinite(v) for v in _exported(r for r in readings if isinstance(r, DeviceReading)))
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**30), 1e308 * 10, "9" * 400],
+                         ids=["400-digit-int", "minus-1e30-int", "inf-float", "400-digit-literal"])
+def test_json_readings_with_absurd_numbers_export_no_inf(value):
+    doc = json.dumps([{"device_id": 0, "power_watts": value, "memory_used_bytes": value, "chip_id": 0}])
+    readings = parse(doc.replace('"' + "9" * 400 + '"', "9" * 400))
+    assert readings[0].power_watts is None and readings[0].memory_used_bytes is None
+    assert all(math.isfinite(v) for v in _exported(readings))
+
+
+def test_a_reading_that_cannot_be_exported_is_counted_not_a_failed_scrape():
+    health = CollectorHealth()
+    bad = DeviceReading("npu", 0, power_watts=float("inf"), memory_used_bytes=10**400, temperature_celsius=40.0)
+    poller = Poller(ScriptedSource([[bad]]), health, interval_s=1.0)
+    poller.poll_once()
+    families = list(DeviceCollector([poller], health, "n").collect())
+    values = {fam.name: [s.value for s in fam.samples] for fam in families}
+    assert values["npudist_device_temperature_celsius"] == [40.0]
+    assert values["npudist_device_power_watts"] == [] and values["npudist_device_memory_used_bytes"] == []
+    assert health.errors("fake") == {"collect": 1}
+
+
+def test_npu_smi_with_a_400_digit_power_still_scrapes(tmp_path):
+    recording = (FAKES / "npu-smi" / "910b2c-23.0.2.1-with-processes.txt").read_text()
+    power = re.search(r"OK\s+\|\s+(\d+\.\d+)", recording)
+    assert power is not None
+    readings = parse(recording[:power.start(1)] + "9" * 400 + recording[power.end(1):])
+    assert readings[0].power_watts is None and readings[1].power_watts is not None
+    assert all(math.isfinite(v) for v in _exported(readings))

@@ -55,6 +55,23 @@ def test_step_call_form_and_single_process_exchange():
     assert report.means == (pytest.approx(0.2),) and report.skew == 0.0 and report.straggler == 0
 
 
+def test_counted_waits_leave_the_skew_window_but_not_the_step_time():
+    clock, metrics = FakeClock(), TrainingMetrics()
+    waited = [7.0]  # a cumulative counter, as npudist.ddp's hook keeps it; earlier waits are not a step's
+    timer = StepTimer(metrics, exchange_every=3, clock=clock)
+    timer.count_waits(lambda: waited[0])
+    waited[0] += 5.0  # before the first step starts: not counted
+    timer.step()
+    for seconds, wait in ((0.1, 0.04), (0.3, 0.0), (0.2, 0.15)):
+        clock.now += seconds
+        waited[0] += wait
+        assert timer.step() == pytest.approx(seconds)
+    # working time per step: 0.06, 0.3, 0.05 -> mean 0.41 / 3
+    assert timer.last_report.means == (pytest.approx(0.41 / 3),)
+    hist = _fams(metrics)["npudist_step_duration_seconds"]
+    assert [s.value for s in hist.samples if s.name.endswith("_sum")] == [pytest.approx(0.6)]
+
+
 def test_pause_leaves_the_gap_out_and_drops_a_half_profiled_step():
     clock, metrics = FakeClock(), TrainingMetrics()
     timer = StepTimer(metrics, exchange_every=0, op_every=2, clock=clock)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import MappingProxyType
+from typing import IO
 
 import typer
 from rich.console import Console
@@ -108,27 +111,46 @@ def rank_command(op: str, nproc: int, size_list: list[int], dtype: str, out: str
     return cmd
 
 
+def _lines(stream: IO[str], out: queue.Queue) -> None:
+    for line in stream:
+        out.put(line)
+    out.put(None)
+
+
 def run_ranks(cmd: list[str], total: int, timeout: float, console: Console, show: bool) -> None:
-    """Start the ranks, follow rank 0's progress lines, and stop everything at the timeout."""
+    """Start the ranks, follow rank 0's progress lines, and stop everything at the timeout.
+
+    The lines are read on a thread, so the deadline holds even when a hung rank prints nothing.
+    """
     from npudist.comm.bench_rank import PROGRESS
 
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
         deadline = time.monotonic() + timeout
+        lines: queue.Queue = queue.Queue()
+        assert proc.stdout is not None
+        threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True).start()
         with Progress(console=console, disable=not show, transient=True) as progress:
             task = progress.add_task("sizes", total=total)
-            assert proc.stdout is not None
-            for line in proc.stdout:
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    line = lines.get(timeout=left)
+                except queue.Empty:
+                    break
+                if line is None:
+                    break
                 if line.startswith(PROGRESS):
                     done = int(line.split()[1])
                     progress.update(task, completed=done, description=f"{done}/{total} sizes")
-                if time.monotonic() > deadline:
-                    break
         try:
             proc.wait(timeout=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
             raise RuntimeError(f"benchmark ranks did not finish within {timeout:.0f} s; stopped") from None
         if proc.returncode != 0:
             err.seek(0)

@@ -50,10 +50,11 @@ def _check_tensor(name: str, t: object) -> None:
 
 
 class Handle:
-    """What an async collective returns: ``wait()`` finishes the post-processing and the accounting."""
+    """What an async collective returns: ``wait()`` (or the future of ``get_future()``) finishes the
+    post-processing and the accounting, exactly once."""
 
-    __slots__ = ("_backend", "_done", "_finish", "_kinds", "_nbytes", "_op", "_record", "_recorder", "_start",
-                 "_sync", "_work", "result")
+    __slots__ = ("_backend", "_done", "_error", "_finish", "_future", "_kinds", "_nbytes", "_on_done", "_op",
+                 "_record", "_recorder", "_start", "_sync", "_work", "result", "seconds")
 
     def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
                  ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
@@ -65,6 +66,11 @@ class Handle:
         self._kinds, self._start = kinds, start
         self._sync = ctx.device_type if ctx.sync_timing else None
         self._done = False
+        self._future: torch.futures.Future | None = None
+        self._on_done: Callable[[], None] | None = None
+        self._error: BaseException | None = None
+        self.seconds: float | None = None
+        """Issue to completion, once finished (what a DDP step spent on this bucket)."""
         if record:
             ctx.recorder.inflight(op, ctx.backend, 1)
 
@@ -73,6 +79,15 @@ class Handle:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done (the process group's timeout applies unless ``timeout`` seconds is given)."""
+        if self._future is not None:  # get_future() owns completion: wait for it, then report its outcome
+            try:
+                self._future.wait()
+            except Exception:  # the callback kept the collective's own error in _error
+                if self._error is None:
+                    raise
+            if self._error is not None:
+                raise self._error
+            return True
         if self._done:
             return True
         try:
@@ -83,23 +98,63 @@ class Handle:
                     from datetime import timedelta
 
                     self._work.wait(timedelta(seconds=timeout))
-            if self._finish is not None:
+        except BaseException:
+            self._settle(False)
+            raise
+        self._settle(True)
+        return True
+
+    def get_future(self, on_done: Callable[[], None] | None = None) -> torch.futures.Future:
+        """A Future that completes with ``result`` once the collective, its post-processing and its
+        accounting are done (what a DDP comm hook returns), after calling ``on_done()`` if given. Its
+        callback runs on the backend's thread."""
+        if self._future is None:
+            self._on_done = on_done
+            if self._work is None:  # nothing in flight (an empty tensor): complete it now
+                self.wait()
+                if on_done is not None:
+                    on_done()
+                self._future = torch.futures.Future()
+                self._future.set_result(self.result)
+            else:
+                self._future = self._work.get_future().then(self._completed)
+        return self._future
+
+    def _completed(self, fut: torch.futures.Future) -> torch.Tensor:
+        # The work's own wait() must not be called here: backends complete the future before the work.
+        try:
+            fut.value()
+        except BaseException as exc:
+            self._error = exc
+            self._settle(False)
+            raise
+        self._settle(True, shared=True)
+        if self._on_done is not None:
+            self._on_done()
+        return self.result
+
+    def _settle(self, ok: bool, shared: bool = False) -> None:
+        """Post-process and account for a finished collective (``ok``) or a failed one, once."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if ok and self._finish is not None:
                 self._finish()
         finally:
-            self._done = True
             if self._record:
                 self._recorder.inflight(self._op, self._backend, -1)
-        if self._record:
-            _record_done(self._recorder, self._op, self._backend, self._nbytes, self._start, self._kinds,
-                         self._sync)
-        return True
+        self.seconds = _clock() - self._start
+        if ok and self._record:
+            _record_done(self._recorder, self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync,
+                         shared)
 
 
 def _record_done(recorder: Recorder, op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
-                 sync: str | None) -> None:
+                 sync: str | None, shared: bool = False) -> None:
     if sync is not None and sync != "cpu":
         getattr(torch, sync).synchronize()
-    recorder.record(op, backend, nbytes, _clock() - start, kinds)
+    (recorder.record_shared if shared else recorder.record)(op, backend, nbytes, _clock() - start, kinds)
 
 
 def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: Callable[[], None] | None,

@@ -65,7 +65,7 @@ class Recorder:
     """Thread-safe counters; the CommState's instance backs npudist.comm.stats()/reset_stats()."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: record_shared() holds it around record()
         self._counters: dict[tuple[str, str], _Counter] = {}
         self.enabled = True
         """False: record() and inflight() do nothing (the collectives also skip timing)."""
@@ -97,6 +97,12 @@ class Recorder:
             adaptations = c.adaptations
             for kind in kinds:
                 adaptations[kind] += 1
+
+    def record_shared(self, op: str, backend: str, nbytes: int, seconds: float,
+                      kinds: tuple[str, ...] | list[str] = ()) -> None:
+        """record() from a backend thread (a future's callback), where two completions can run at once."""
+        with self._lock:
+            self.record(op, backend, nbytes, seconds, kinds)
 
     def inflight(self, op: str, backend: str, delta: int) -> None:
         if not self.enabled:

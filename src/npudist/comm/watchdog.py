@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch.distributed as dist
@@ -48,25 +50,59 @@ class Record:
     wall_time: float = 0.0
 
 
+@dataclass(frozen=True)
+class BadRecord:
+    """A store record that is not a Record (wrong JSON, wrong field types): reported, never trusted."""
+
+    reason: str
+
+
+_FIELD_TYPES = MappingProxyType(
+    {"rank": int, "seq": int, "op": str, "nbytes": int, "state": str, "wall_time": (int, float)})
+
+
+def parse_record(raw: bytes | str, rank: int) -> Record | BadRecord:
+    """Rank ``rank``'s published record, or BadRecord saying what is wrong with it (pure; never raises)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return BadRecord(f"not JSON: {str(exc)[:80]}")
+    if not isinstance(doc, dict) or set(doc) != set(_FIELD_TYPES):
+        return BadRecord(f"expected an object with {', '.join(_FIELD_TYPES)}")
+    wrong = [k for k, t in _FIELD_TYPES.items() if isinstance(doc[k], bool) or not isinstance(doc[k], t)]
+    if wrong or not math.isfinite(doc["wall_time"]):
+        return BadRecord(f"wrong type or value for {', '.join(wrong) or 'wall_time'}")
+    if doc["rank"] != rank:
+        return BadRecord(f"published for rank {rank} but names rank {doc['rank']}")
+    return Record(**doc)
+
+
+Records = dict[int, "Record | BadRecord | None"]
+
+
 def _key(rank: int) -> str:
     # A restarted job (torchrun --max-restarts) must not read records of the previous attempt.
     return f"npudist/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
 
 
-def reached(records: dict[int, Record | None], seq: int) -> tuple[list[int], list[int]]:
+def reached(records: Records, seq: int) -> tuple[list[int], list[int]]:
     """Ranks whose record shows they entered collective ``seq`` (or a later one), and the rest."""
-    got = sorted(r for r, rec in records.items() if rec is not None and rec.seq >= seq)
+    got = sorted(r for r, rec in records.items() if isinstance(rec, Record) and rec.seq >= seq)
     return got, sorted(r for r in records if r not in got)
 
 
-def describe(op: str, seq: int, nbytes: int, rank: int, records: dict[int, Record | None], cause: str) -> str:
+def _last_seen(r: int, rec: Record | BadRecord | None, now: float) -> str:
+    if isinstance(rec, BadRecord):
+        return f"rank {r}: bad record in the store ({rec.reason})"
+    if rec is None or rec.seq == 0:
+        return f"rank {r}: never reported"
+    return f"rank {r}: last {rec.op} #{rec.seq} ({rec.state}, {now - rec.wall_time:.1f} s ago)"
+
+
+def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause: str) -> str:
     ok, missing = reached(records, seq)
     now = time.time()
-    last = []
-    for r in missing:
-        rec = records.get(r)
-        last.append(f"rank {r}: never reported" if rec is None or rec.seq == 0 else
-                    f"rank {r}: last {rec.op} #{rec.seq} ({rec.state}, {now - rec.wall_time:.1f} s ago)")
+    last = [_last_seen(r, records.get(r), now) for r in missing]
     who = (f"rank(s) {', '.join(map(str, missing))} never reached it ({'; '.join(last)})" if missing
            else "every rank reached it (a slow link or a peer that died inside it)")
     return (f"{op} #{seq} ({nbytes} bytes) failed on rank {rank}: {cause}. Ranks {', '.join(map(str, ok))} "
@@ -167,20 +203,22 @@ class Watchdog:
         self._store = None
         self._dirty.clear()
 
-    def records(self) -> dict[int, Record | None]:
+    def records(self) -> Records:
         store = self._connect()
-        out: dict[int, Record | None] = {}
+        out: Records = {}
         for r in range(dist.get_world_size()):
             try:
                 with self._lock:
                     present = store is not None and store.check([_key(r)])
                     raw = store.get(_key(r)) if present else None
-                out[r] = Record(**json.loads(raw)) if raw else None
+                out[r] = parse_record(raw, r) if raw else None
             except Exception:
                 out[r] = None
         return out
 
     def diagnose(self, op: str, seq: int, nbytes: int, exc: BaseException) -> CollectiveHangError | None:
+        """The hang report for ``exc``, or None (the caller re-raises ``exc``): a diagnosis that fails
+        itself is logged and never replaces the collective's own error."""
         rec = self.record
         if rec is None or seq == 0:
             return None
@@ -192,11 +230,20 @@ class Watchdog:
             log.warning("hang diagnosis could not read the store: %s", store_exc)
             return None
         records[rec.rank] = rec
+        try:
+            return self._report(op, seq, nbytes, rec, records, exc)
+        except Exception as report_exc:
+            log.warning("hang diagnosis failed (%s: %s); raising the collective's own error",
+                        type(report_exc).__name__, report_exc)
+            return None
+
+    def _report(self, op: str, seq: int, nbytes: int, rec: Record, records: Records,
+                exc: BaseException) -> CollectiveHangError:
         cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         message = describe(op, seq, nbytes, rec.rank, records, cause)
         ok, missing = reached(records, seq)
         report = {"op": op, "seq": seq, "bytes": nbytes, "rank": rec.rank, "cause": cause, "reached": ok,
-                  "not_reached": missing, "ranks": {str(r): (asdict(v) if v else None) for r, v in records.items()},
+                  "not_reached": missing, "ranks": {str(r): _as_json(v) for r, v in records.items()},
                   "time": time.time()}
         if self.run_dir:
             try:
@@ -207,3 +254,10 @@ class Watchdog:
             except OSError as write_exc:
                 message += f" (could not write the report: {write_exc})"
         return CollectiveHangError(message, report)
+
+
+def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
+    if isinstance(rec, BadRecord):
+        return {"bad_record": rec.reason}
+    return asdict(rec) if rec is not None else None
+

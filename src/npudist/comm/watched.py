@@ -27,8 +27,19 @@ class _WatchedHandle:
     def result(self) -> Any:
         return self._inner.result
 
+    @property
+    def seconds(self) -> float | None:
+        return self._inner.seconds
+
     def is_completed(self) -> bool:
         return self._inner.is_completed()
+
+    def get_future(self) -> Any:
+        """The inner handle's future, marking this collective done when it completes. A failure stays the
+        backend's error here (a future's callback cannot carry our exception type through C++);
+        ``wait()`` afterwards diagnoses it and raises CollectiveHangError."""
+        watchdog, seq = self._watchdog, self._seq
+        return self._inner.get_future(lambda: watchdog.done(seq))
 
     def wait(self, timeout: float | None = None) -> bool:
         try:

@@ -6,10 +6,11 @@ import os
 import resource
 import shutil
 import socket
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from npudist.toolrun import run_tool
 
 
 def _interfaces() -> dict[str, list[str]]:
@@ -20,7 +21,7 @@ def _interfaces() -> dict[str, list[str]]:
 
 def _run(argv: list[str], timeout: float) -> str:
     """Run a vendor tool; its own errors become empty output, the doctor reports the tool as unusable."""
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    done = run_tool(argv, timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{argv[0]} exited {done.returncode}: {done.stderr.strip()[:200]}")
     return done.stdout

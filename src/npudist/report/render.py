@@ -88,7 +88,7 @@ def _comm(data: ReportData) -> str:
         out += _table(("rank", "op", "backend", "calls", "bytes", "seconds"), ops, left=3)
     else:
         out += ("<p>No collective was recorded in this run. npudist.comm's collectives and DDP's gradient "
-                "all-reduce under npudist.telemetry.watch_ddp are counted; torch.distributed called directly "
+                "all-reduce under npudist.ddp(model) are counted; torch.distributed called directly "
                 "is not.</p>")
     return out
 

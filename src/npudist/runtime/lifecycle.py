@@ -178,8 +178,9 @@ def context() -> DistContext | None:
 
 
 def shutdown() -> None:
-    """Close this process's Runtime (Runtime.close: its parts, then the process group); safe to call
-    twice, or without init() after a plain ``torch.distributed.init_process_group``."""
+    """Close this process's Runtime (Runtime.close: the last checkpoint write, the other parts, then the
+    process group); safe to call twice, or without init() after a plain ``init_process_group``. A
+    background checkpoint failure not raised yet is raised here, after the teardown (CheckpointError)."""
     rt = peek()
     if rt is not None:
         rt.close()

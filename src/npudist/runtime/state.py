@@ -1,9 +1,10 @@
 """The Runtime: the one owner of this process's npudist state, and the holder of the current one.
 
 Everything npudist keeps between calls (settings, accelerator detection, the collectives' group cache,
-recorder, hang watchdog and buffers, the DistContext of init()) hangs off one Runtime; ``close()`` ends
-all of it, and ``npudist.shutdown()`` is that close. Collectives also work after a plain
-``torch.distributed.init_process_group`` without ``npudist.init()``, so the Runtime starts on first use.
+recorder, hang watchdog and buffers, the checkpoint writer, the DistContext of init()) hangs off one
+Runtime; ``close()`` ends all of it, and ``npudist.shutdown()`` is that close. Collectives also work
+after a plain ``torch.distributed.init_process_group`` without ``npudist.init()``, so the Runtime starts
+on first use.
 
 ``_current`` below is the only module-level mutable state npudist has (tests/test_no_global_state.py
 checks that): the Runtime in use, or None before first use and after close. Each part is created by the
@@ -25,6 +26,7 @@ from npudist.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from npudist.accelerators import Accelerator
+    from npudist.checkpoint.writer import CheckpointWriter
     from npudist.comm.state import CommState
     from npudist.runtime.lifecycle import DistContext
 
@@ -47,26 +49,39 @@ class Runtime:
         """The detected (or NPUDIST_ACCELERATOR-forced) accelerator, once asked for."""
         self.comm: CommState | None = None
         """npudist.comm's group cache, recorder, watchdog and buffers, once a collective ran."""
+        self.checkpoints: CheckpointWriter | None = None
+        """The asynchronous checkpoint writer, once a checkpoint was saved."""
 
-    def close(self, *, destroy_group: bool = True) -> None:
-        """Release every part, then (``destroy_group``) destroy the process group; safe to call twice.
+    def close(self, *, at_exit: bool = False) -> None:
+        """Release every part, then destroy the process group; safe to call twice.
 
         Invariant: nothing of npudist's holds a process group or runs a thread once this returns, and
         the group is destroyed here rather than during interpreter finalization. A gloo group or a
         thread that lives into finalization can abort the process ("terminate called without an active
-        exception"): its worker thread needs the GIL back inside a C++ destructor. So the watchdog's
-        publisher is joined and the cached groups dropped first; then, unless an exception is on its way
+        exception"): its worker thread needs the GIL back inside a C++ destructor. So the last
+        asynchronous checkpoint write lands first (a sharded one talks over the group), the watchdog's
+        publisher is joined and the cached groups are dropped; then, unless an exception is on its way
         out (a peer may be gone), the ranks meet at a bounded barrier so that no rank destroys its group
-        while a peer's last collective is still in flight.
+        while a peer's last collective is still in flight. A background checkpoint failure not raised
+        yet is raised last (CheckpointError), never in place of an exception already on its way out.
+
+        ``at_exit``: the exit hook of a process that never called shutdown(); the parts are released
+        but the process group, if the user created it, stays theirs to end, and errors are only logged.
         """
         global _current
+        checkpoint_error = self.checkpoints.close() if self.checkpoints is not None else None
         if self.comm is not None:
             self.comm.close()
         self.context = None
         if _current is self:
             _current = None
-        if destroy_group:
+        if not at_exit:
             end_group()
+        if checkpoint_error is not None:
+            if at_exit or sys.exc_info()[0] is not None:
+                log.error("%s", checkpoint_error)
+            else:
+                raise checkpoint_error
 
 
 def end_group() -> None:
@@ -105,8 +120,7 @@ def _start() -> Runtime:
     with _start_lock:
         if _current is None:
             _current = Runtime(Settings.from_env())
-            # The one exit hook: whoever never called shutdown() still gets the parts released (the
-            # process group, if they created it, stays theirs to end).
+            # The one exit hook: a process that never called shutdown() still gets its parts released.
             atexit.unregister(_close_at_exit)
             atexit.register(_close_at_exit)
         return _current
@@ -115,4 +129,4 @@ def _start() -> Runtime:
 def _close_at_exit() -> None:
     rt = _current
     if rt is not None:
-        rt.close(destroy_group=False)
+        rt.close(at_exit=True)

@@ -1,11 +1,14 @@
 """Turning one printed vendor value into a base-unit number, or None when nothing usable was printed.
 
 Every parser funnels its raw strings through these, so "not available" is spelled out once and unit
-conversions happen exactly once, where data enters.
+conversions happen exactly once, where data enters. An absurd number (hundreds of digits, past
+Python's int-string limit, or one that becomes inf once converted) is "not available" too: these
+functions return None for it and never raise, so one corrupt field cannot fail a scrape.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from types import MappingProxyType
 
@@ -15,6 +18,9 @@ MIB = 1024 * 1024
 # Spellings vendor tools use for "no value" (npu-smi NA, -, N/A; nvidia-smi [N/A]; blank).
 _NA = frozenset({"", "na", "n/a", "[n/a]", "-", "--", "none", "null"})
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+MAX_INT_DIGITS = 19
+"""Every count a vendor tool prints fits int64 (19 digits); a longer integer is corrupt output."""
+_INTEGER = re.compile(rf"[+-]?\d{{1,{MAX_INT_DIGITS}}}")
 
 HEALTH_STATES = ("OK", "Warning", "Alarm", "Critical", "UNKNOWN")
 """npu-smi health values (Ascend npu-smi reference, "info" command: Health column)."""
@@ -32,7 +38,12 @@ def number(raw: str | None) -> float | None:
     text = raw.strip()
     if not _NUMBER.fullmatch(text):
         return None
-    return float(text)
+    return finite(float(text))  # float() reads any digit count; hundreds of them come out inf
+
+
+def finite(value: float | None) -> float | None:
+    """``value`` when it is a finite number, else None (a conversion that overflowed is not a reading)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def integer(raw: str | None) -> int | None:
@@ -40,7 +51,7 @@ def integer(raw: str | None) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    return int(text) if re.fullmatch(r"[+-]?\d+", text) else None
+    return int(text) if _INTEGER.fullmatch(text) else None  # also keeps int() off its digit limit
 
 
 def ratio_from_percent(raw: str | None) -> float | None:
@@ -74,7 +85,7 @@ def capacity_mib(raw: str | None) -> int | None:
 
 def mhz_to_hertz(raw: str | None) -> float | None:
     value = non_negative(raw)
-    return value * 1e6 if value is not None else None
+    return finite(value * 1e6) if value is not None else None
 
 
 def health(raw: str | None) -> str | None:

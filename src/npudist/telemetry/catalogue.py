@@ -107,6 +107,24 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("npudist_collective_adaptations_total", "counter", "",
               "Tensor adaptations made so a backend accepts the call (cast, contiguous, pad, align, stage).",
               (*RANK_LABELS, "op", "backend", "kind"), "npudist.comm.stats()"),
+    MetricDef("npudist_checkpoint_snapshot_duration_seconds", "histogram", "seconds",
+              "Time a checkpoint save held the training loop: the host copy of the state for asynchronous "
+              "saves (plus any wait for the previous write), the whole save for synchronous ones.",
+              RANK_LABELS, "npudist.checkpoint.stats()"),
+    MetricDef("npudist_checkpoint_write_duration_seconds", "histogram", "seconds",
+              "Time to write, fsync, checksum and publish one checkpoint (in the background when "
+              "asynchronous).", RANK_LABELS, "npudist.checkpoint.stats()"),
+    MetricDef("npudist_checkpoint_bytes_total", "counter", "bytes",
+              "Bytes of checkpoints published by this rank (rank 0 counts every rank's shard files).",
+              RANK_LABELS, "npudist.checkpoint.stats()"),
+    MetricDef("npudist_checkpoint_inflight", "gauge", "",
+              "Background checkpoint writes in progress (0 or 1).", RANK_LABELS, "npudist.checkpoint.stats()"),
+    MetricDef("npudist_checkpoint_waits_total", "counter", "",
+              "Saves that waited for the previous background write to finish (checkpoints due faster "
+              "than storage writes them).", RANK_LABELS, "npudist.checkpoint.stats()"),
+    MetricDef("npudist_checkpoint_failures_total", "counter", "",
+              "Checkpoint writes that failed (full disk, permissions, ...); the previous checkpoint stays "
+              "the newest good one.", RANK_LABELS, "npudist.checkpoint.stats()"),
     MetricDef("npudist_collector_errors_total", "counter", "",
               "Failed reads by collector and reason (timeout, exit_code, parse, missing, config, error).",
               ("collector", "reason"), "exporter self-monitoring"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import Metric
@@ -31,9 +32,19 @@ def device_labels(node: str, r: DeviceReading) -> list[str]:
     return [node, r.vendor, str(r.device_id), str(r.chip_id), _text(r.name)]
 
 
+def exportable(value: object) -> float | None:
+    """The sample value of a reading field: None for "not available" and for anything that is not a
+    finite float (NaN, inf, an int too large for a float), which no parse may turn into +Inf/NaN."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 class DeviceCollector:
-    """Yields npudist_device_* families from every poller's snapshot; a reading that cannot be
-    exported is counted as a ``collect`` error of its poller and skipped."""
+    """Yields npudist_device_* families from every poller's snapshot; a field that cannot be exported
+    (not a finite number) is counted as a ``collect`` error of its poller and has no sample."""
 
     def __init__(self, pollers: Sequence[Poller], health: CollectorHealth, node: str | None = None) -> None:
         self.pollers = list(pollers)
@@ -48,12 +59,14 @@ class DeviceCollector:
             for r in snap.readings:
                 try:
                     labels = device_labels(self.node, r)
-                    samples = [(name, float(getattr(r, attr))) for name, attr in FIELDS
-                               if finite(getattr(r, attr))]
+                    raw = [(name, getattr(r, attr)) for name, attr in FIELDS]
                     info_labels = [*labels, _text(r.health), _text(r.bus_id), _text(r.logical_id)]
                 except (TypeError, ValueError, AttributeError):
                     self.health.error(poller.name, "collect")
                     continue
+                samples = [(name, x) for name, value in raw if (x := exportable(value)) is not None]
+                if len(samples) < sum(finite(value) for _, value in raw):
+                    self.health.error(poller.name, "collect")
                 up.add_metric(labels, 1.0 if snap.fresh else 0.0)
                 info.add_metric(info_labels, 1.0)
                 for name, value in samples:

@@ -24,7 +24,8 @@ _NON_NEGATIVE = frozenset(_INTS | {"power_watts", "frequency_hertz"})
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int64: JSON integers have no bound, and a 400-digit one cannot even be exported as a float."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
 def _field(key: str, value: Any) -> Any:

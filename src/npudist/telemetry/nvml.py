@@ -93,8 +93,8 @@ class NvmlSource(Source):
                 handle, nvml.NVML_TEMPERATURE_GPU))),
             utilization_ratio=v.ratio_from_percent(str(gpu_pct)) if gpu_pct is not None else None,
             frequency_hertz=clock_mhz * 1e6 if clock_mhz is not None and clock_mhz >= 0 else None,
-            memory_used_bytes=used if isinstance(used, int) and used >= 0 else None,
-            memory_total_bytes=total if isinstance(total, int) and total > 0 else None,
+            memory_used_bytes=used if isinstance(used, int) and 0 <= used < 2**63 else None,
+            memory_total_bytes=total if isinstance(total, int) and 0 < total < 2**63 else None,
             bus_id=_text(getattr(pci, "busId", None)),
         )
 

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
 from npudist.telemetry.allocator import AllocatorCollector
+from npudist.telemetry.checkpoints import CheckpointCollector
 from npudist.telemetry.collectives import CommCollector
 from npudist.telemetry.health import CollectorHealth
 from npudist.telemetry.node import node_name
@@ -128,6 +129,7 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         acc, index = ctx.accelerator, ctx.device.index
         registry.register(AllocatorCollector(lambda: acc.memory_stats(index), health, labels))
     registry.register(CommCollector(health, labels))
+    registry.register(CheckpointCollector(health, labels))
     telemetry = RankTelemetry(registry, health, training, device_type, local_rank, device=device)
     if ctx is not None and device_type != "cpu":
         telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)

@@ -44,7 +44,7 @@ def parse_load(text: str) -> dict[str, float | None]:
     if not match:
         raise ParseError("not an rknpu load line: expected 'NPU load:  Core0: 12%, ...' or 'NPU load: 12%'")
     body = match.group(1)
-    cores = re.findall(r"Core\s*(\d+)\s*:\s*([^%,]*)%?", body, re.IGNORECASE)
+    cores = re.findall(r"Core\s*(\d{1,4})\s*:\s*([^%,]*)%?", body, re.IGNORECASE)
     if cores:
         return {f"Core{int(n)}": v.ratio_from_percent(raw) for n, raw in cores}
     single = re.fullmatch(r"\s*([^%,]*)%\s*,?\s*", body)

@@ -1,16 +1,20 @@
-"""Serve a registry over HTTP on 127.0.0.1 unless an address is given; clear errors for bad addresses."""
+"""Serve a registry over HTTP on 127.0.0.1 unless an address is given; clear errors for bad addresses.
+
+Only ``0.0.0.0`` or ``::`` spelled out listen on every interface (``0:9400`` is refused, not widened)."""
 
 from __future__ import annotations
 
 import errno
 import re
-import socket
 import threading
-from dataclasses import dataclass
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import Metric
+
+from npudist.httpserve import Front, Limits, binds_everything_unasked, wsgi_handler
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -30,6 +34,9 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise ExporterError(f"--listen {text!r}: expected HOST:PORT such as 127.0.0.1:9400 "
                                 "(0.0.0.0:PORT to listen on every interface)")
         host, port = m.group("v6") or m.group("host") or DEFAULT_HOST, m.group("port")
+    if binds_everything_unasked(host):
+        raise ExporterError(f"--listen {text!r}: {host!r} would listen on every interface; write "
+                            f"0.0.0.0:{port} (or [::]:{port}) to mean that, or 127.0.0.1:{port} for this host only")
     check_port(int(port), f"--listen {text!r}")
     return host, int(port)
 
@@ -43,8 +50,7 @@ def check_port(port: int, what: str, allow_zero: bool = False) -> None:
 class MetricsServer:
     host: str
     port: int
-    _server: object
-    _thread: threading.Thread
+    front: Front
 
     @property
     def url(self) -> str:
@@ -52,66 +58,94 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        self._server.shutdown()  # type: ignore[attr-defined]
-        self._server.server_close()  # type: ignore[attr-defined]
-        self._thread.join(5)
+        self.front.close()
 
 
-class CoalescingApp:
-    """WSGI app rendering the registry once for all scrapes that arrive while a render is running.
-
-    With 20 concurrent scrapers each render would otherwise run 20 times over under the GIL; the
-    shared result is never older than the render the waiting scrape arrived during.
-    """
+class _NameFilter:
+    """The registry as make_wsgi_app sees it, with ``name[]`` filtering that keeps working for collectors
+    without describe(): CollectorRegistry.restricted_registry finds collectors only by described name."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._cond = threading.Condition()
-        self._rendering = False
-        self._generation = 0
-        self._body = b""
+        self.names: frozenset[str] | None = None
 
-    def render(self) -> bytes:
-        with self._cond:
-            if self._rendering:
-                seen = self._generation
-                while self._generation == seen:
-                    self._cond.wait()
-                return self._body
-            self._rendering = True
-        body = b""
-        try:
-            body = generate_latest(self.registry)
-        finally:
-            with self._cond:
-                self._body, self._rendering = body, False
-                self._generation += 1
-                self._cond.notify_all()
-        return body
+    def restricted_registry(self, names: Iterable[str]) -> _NameFilter:
+        only = _NameFilter(self.registry)
+        only.names = frozenset(names)
+        return only
 
-    def __call__(self, environ: dict, start_response: object) -> list[bytes]:
-        body = self.render()
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),  # type: ignore[operator]
-                                  ("Content-Length", str(len(body)))])
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if self.names is None:
+                yield metric
+                continue
+            kept = [s for s in metric.samples if s.name in self.names]
+            if kept:
+                only = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                only.samples = kept
+                yield only
+
+
+@dataclass
+class _Render:
+    done: threading.Event = field(default_factory=threading.Event)
+    result: tuple[str, list[tuple[str, str]], bytes] | None = None
+    error: BaseException | None = None
+
+
+# What makes two scrapes' answers differ: the format negotiated, gzip, and the name[] filter.
+_RENDER_KEY = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING")
+
+
+class CoalescedApp:
+    """WSGI middleware: scrapes that arrive while an identical one renders share its answer.
+
+    With 20 concurrent scrapers each render would otherwise run 20 times over under the GIL; a shared
+    answer is never older than the render the waiting scrape arrived during. A render that raised
+    fails every scrape that waited on it (the server answers 500), never an empty 200.
+    """
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, ...], _Render] = {}
+
+    def _render(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        started: list[Any] = []
+        body = b"".join(self.app(environ, lambda status, headers, exc_info=None: started.extend((status, headers))))
+        return started[0], started[1], body
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        key = tuple(str(environ.get(k, "")) for k in _RENDER_KEY)
+        with self._lock:
+            render = self._running.get(key)
+            leader = render is None
+            if render is None:
+                render = self._running[key] = _Render()
+        if leader:
+            try:
+                render.result = self._render(environ)
+            except Exception as exc:
+                render.error = exc
+            finally:
+                with self._lock:
+                    del self._running[key]
+                render.done.set()
+        else:
+            render.done.wait()
+        if render.result is None:
+            raise RuntimeError(f"metrics render failed: {render.error!r}") from render.error
+        status, headers, body = render.result
+        start_response(status, headers)
         return [body]
 
 
-class _Server(ThreadingWSGIServer):
-    # socketserver listens with a backlog of 5: 20 scrapers arriving together overflow it and the
-    # dropped SYNs are retried after 1 s, which showed up as 1 s p99 latencies in benchmarks/.
-    request_queue_size = 128
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # no access log on stderr per scrape
-        pass
-
-
-def serve(registry: CollectorRegistry, host: str = DEFAULT_HOST, port: int = 0) -> MetricsServer:
-    """Serve ``registry`` at /metrics from a threaded HTTP server in a daemon thread; port 0 picks one."""
-    server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
+def serve(registry: CollectorRegistry, host: str = DEFAULT_HOST, port: int = 0,
+          limits: Limits | None = None) -> MetricsServer:
+    """Serve ``registry`` (prometheus_client's WSGI app: text or OpenMetrics, gzip, ``name[]``) from a
+    front that reads each request whole under a deadline and caps connections; port 0 picks one."""
     try:
-        server = make_server(host, port, CoalescingApp(registry), server_cls, handler_class=_QuietHandler)
+        front = Front(host, port, limits, name="npudist-metrics")
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise ExporterError(
@@ -119,6 +153,5 @@ def serve(registry: CollectorRegistry, host: str = DEFAULT_HOST, port: int = 0) 
                 f"Choose another port, or find the holder with `ss -ltnp | grep :{port}`."
             ) from None
         raise ExporterError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    thread = threading.Thread(target=server.serve_forever, name="npudist-metrics", daemon=True)
-    thread.start()
-    return MetricsServer(host, int(server.server_address[1]), server, thread)
+    front.start(wsgi_handler(CoalescedApp(make_wsgi_app(_NameFilter(registry))), front.host, front.port))
+    return MetricsServer(front.host, front.port, front)

@@ -93,6 +93,8 @@ class StepTimer:
         self.steps_done = 0
         self._window: list[float] = []
         self._waited = 0.0
+        self._wait_total: Callable[[], float] | None = None
+        self._wait_seen = 0.0
         self._started: float | None = None
         self._prof: Any = None
         self.last_report: SkewReport | None = None
@@ -102,7 +104,7 @@ class StepTimer:
     # context-manager form: the block is one step
     def __enter__(self) -> StepTimer:
         self._maybe_start_profiler(self.steps_done + 1)
-        self._started = self.clock()
+        self._start_clock()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -115,13 +117,18 @@ class StepTimer:
     def step(self) -> float | None:
         """Mark the end of a step (the first call only starts the clock); returns the step's seconds."""
         if self._started is None:
-            self._started = self.clock()
+            self._start_clock()
             self._maybe_start_profiler(self.steps_done + 1)
             return None
         seconds = self._end_step()
         self._maybe_start_profiler(self.steps_done + 1)
         self._started = self.clock()
         return seconds
+
+    def _start_clock(self) -> None:
+        self._started = self.clock()
+        if self._wait_total is not None:  # waits before the step began are not the step's
+            self._wait_seen = self._wait_total()
 
     def pause(self) -> None:
         """Stop the clock without recording a step (evaluation, checkpointing, a data reload).
@@ -137,6 +144,10 @@ class StepTimer:
         if self.synchronize is not None:
             self.synchronize()  # device work is asynchronous: wait for it, or the step time is launch time
         seconds = self.clock() - (self._started or 0.0)
+        if self._wait_total is not None:
+            total = self._wait_total()
+            self._waited += total - self._wait_seen
+            self._wait_seen = total
         self._stop_profiler(feed=True)
         self.steps_done += 1
         self.metrics.steps.observe(seconds)
@@ -149,9 +160,15 @@ class StepTimer:
         return seconds
 
     def add_wait(self, seconds: float) -> None:
-        """Time this step spent blocked in a collective (see watch_ddp); excluded from skew, not from
+        """Time this step spent blocked in a collective; excluded from skew, not from
         npudist_step_duration_seconds."""
         self._waited += seconds
+
+    def count_waits(self, total: Callable[[], float]) -> None:
+        """Read ``total()``, a cumulative count of seconds spent waiting in collectives, at the end of each
+        step: its increase over the step counts as waiting (see watch_ddp)."""
+        self._wait_total = total
+        self._wait_seen = total()
 
     def _maybe_start_profiler(self, next_step: int) -> None:
         if self.op_every and next_step % self.op_every == 0 and self._prof is None:
@@ -218,34 +235,13 @@ def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], i
 
 
 def watch_ddp(ddp: Any, timer: StepTimer) -> None:
-    """Time DDP's gradient all-reduces and report them to ``timer`` as waiting, so skew finds the slow rank.
+    """Count the time a model made by ``npudist.ddp`` spends in gradient all-reduce as waiting in ``timer``,
+    so skew compares the ranks' work and finds the slow one.
 
-    Registers a comm hook that does what DDP's default hook does (divide by the world size, then
-    all_reduce: the same numbers as without the hook) and measures each bucket from launch to
-    completion: long on the ranks that wait for a straggler, short on the straggler itself. Each
-    bucket is also counted in npudist.comm.stats() (op ``all_reduce``), so DDP's own gradient traffic
-    shows in the collective metrics and in the run report's collective time share.
+    Read-only: npudist.comm's DDP hook sums each bucket's issue-to-completion time (long on the ranks
+    that wait for a straggler, short on the straggler itself) and the timer reads the sum at each step.
     """
-    import torch.distributed as dist
+    from npudist.comm.ddp import gradient_sync
 
-    from npudist.comm.state import state as comm_state
-
-    recorder = comm_state().recorder
-
-    def hook(state, bucket):  # DDP checks these annotations: they must stay empty
-        started = time.perf_counter()
-        group = state if state is not None else dist.group.WORLD
-        tensor = bucket.buffer().div_(dist.get_world_size(group))
-        backend = str(dist.get_backend(group))
-        nbytes = tensor.numel() * tensor.element_size()
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def done(f: Any) -> Any:
-            seconds = time.perf_counter() - started
-            timer.add_wait(seconds)
-            recorder.record("all_reduce", backend, nbytes, seconds, ())
-            return f.value()[0]
-
-        return fut.then(done)
-
-    ddp.register_comm_hook(None, hook)
+    sync = gradient_sync(ddp)
+    timer.count_waits(lambda: sync.wait_seconds)

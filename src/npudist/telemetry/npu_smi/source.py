@@ -15,6 +15,7 @@ from npudist.telemetry.npu_smi.mapping import (
 )
 from npudist.telemetry.npu_smi.table import NpuSmiTable, parse_table
 from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, RankDevice, Source, SourceError
+from npudist.toolrun import run_tool
 
 QUERIES = ("usages", "power", "temp", "memory", "health", "common")
 """``npu-smi info -t TYPE`` values parse_kv understands (Ascend npu-smi reference, "info -t")."""
@@ -40,14 +41,13 @@ class NpuSmiSource(Source):
         """stdout of ``npu-smi ARGS``; SourceError reason missing / timeout / exit_code."""
         cmd = [self.binary, *args]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                                  timeout=self.timeout, check=False)
+            proc = run_tool(cmd, self.timeout)
         except FileNotFoundError:
             raise SourceError("missing", f"{self.binary!r} not found on PATH: install the Ascend driver "
                               "(it ships npu-smi) or pass the binary's full path") from None
         except subprocess.TimeoutExpired:
             raise SourceError("timeout", f"`{' '.join(cmd)}` gave no answer within {self.timeout:g} s "
-                              "(driver busy or hung); it was killed") from None
+                              "(driver busy or hung); it was killed with its children") from None
         except OSError as exc:
             raise SourceError("missing", f"cannot run {self.binary!r}: {exc}") from None
         if proc.returncode != 0:

@@ -1,0 +1,163 @@
+"""One job per run directory: an exclusive lock on RUN_DIR/.npudist.lock, held by the job's rank 0.
+
+Two jobs writing one run directory would prune and overwrite each other's checkpoints and interleave
+their run logs. The training script takes the lock right after ``npudist.init()``, because the run
+directory is the script's argument (torchrun knows nothing of it). Rank 0 tries the lock and tells
+every rank the outcome, so all ranks of a refused job stop together, on any launcher (torchrun,
+mpirun, srun) and whatever node rank 0 lands on.
+
+What it relies on: ``flock(2)`` locks are released by the kernel when the holding process dies,
+however it dies, so a lock that can be taken is stale by definition and the file's text only names
+who held it. (flock, not POSIX ``lockf``: a record lock vanishes when the process closes *any*
+descriptor of the file, and two opens in one process never conflict.) Between nodes this needs
+locks that are coherent across clients: local disks; NFS, where Linux implements flock with the
+server's byte-range locks (NFSv4, or NFSv3 with lockd); CephFS; GPFS; Lustre mounted with
+``-o flock``. Not NFS mounted ``nolock``/``local_lock=flock`` or Lustre ``localflock``: each node
+then sees only its own locks. On NFS the server frees the lock of a crashed client when its lease expires (90 s by
+default for NFSv4), so a restart of the same torchrun job (same ``TORCHELASTIC_RUN_ID``) waits for
+that instead of refusing.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from npudist.checkpoint.writer import CheckpointError
+
+log = logging.getLogger("npudist.checkpoint")
+LOCK_FILE = ".npudist.lock"
+SAME_JOB_WAIT_S = 150.0
+
+
+class RunDirBusy(CheckpointError):
+    """Another live job holds the run directory; the message names it (host, pid, start time)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    host: str
+    pid: int
+    started: str
+    """ISO 8601 UTC time the lock was taken."""
+    job: str = ""
+    """TORCHELASTIC_RUN_ID of the holding job ("" when not under torchrun or with the default "none")."""
+    restart: int = 0
+
+    def describe(self) -> str:
+        job = f", torchrun job {self.job!r} restart {self.restart}" if self.job else ""
+        return f"host {self.host}, pid {self.pid}, started {self.started}{job}"
+
+
+def parse_holder(text: str) -> Holder | None:
+    """The holder recorded in a lock file, or None for an empty or unreadable one (pure)."""
+    try:
+        raw = json.loads(text)
+        return Holder(str(raw["host"]), int(raw["pid"]), str(raw["started"]), str(raw.get("job", "")),
+                      int(raw.get("restart", 0)))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+
+
+def this_process(env: dict[str, str] | None = None) -> Holder:
+    env = dict(os.environ) if env is None else env
+    job = env.get("TORCHELASTIC_RUN_ID", "")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Holder(socket.gethostname(), os.getpid(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "" if job in ("", "none") else job, int(restart) if restart.isdigit() else 0)
+
+
+class RunDirLock:
+    """The lock on one run directory, held by this process until ``release()`` or its exit."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self, me: Holder | None = None, same_job_wait_s: float = SAME_JOB_WAIT_S) -> Holder | None:
+        """Take the lock; return the dead holder it took over from (None when it was free).
+
+        Raises RunDirBusy naming the holder when a live one has it. A holder from this same torchrun
+        job (an earlier attempt whose lock a shared filesystem has not yet freed) is waited for.
+        """
+        me = me or this_process()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + same_job_wait_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                        raise
+                holder = parse_holder(_read(fd))
+                if holder and me.job and holder.job == me.job and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                who = holder.describe() if holder else "a process that has not yet written its name"
+                raise RunDirBusy(f"run directory {self.path.parent} is in use by another job ({who}). "
+                                 "Stop that job, or give this one its own --run-dir.")
+            previous = parse_holder(_read(fd))
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(asdict(me)).encode(), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        if previous is not None:
+            log.warning("run directory %s: took over the lock of a job that is no longer running (%s); it "
+                        "ended without releasing it (killed or crashed)", self.path.parent, previous.describe())
+        return previous
+
+    def release(self) -> None:
+        """Empty the file (a clean end leaves no holder's name behind) and drop the lock."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # the last descriptor closed releases the lock
+
+
+def _read(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+
+
+def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock | None:
+    """Claim ``run_dir`` for this job: rank 0 takes the lock, every rank learns the outcome.
+
+    Call on every rank after ``npudist.init()`` (it is a collective when a process group exists).
+    Returns the held lock on rank 0, None on the others; raises RunDirBusy on every rank when
+    another live job holds the directory.
+    """
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    lock, outcome = None, [None]
+    if rank == 0:
+        lock = RunDirLock(run_dir)
+        try:
+            lock.acquire()
+        except RunDirBusy as exc:
+            lock, outcome = None, [("busy", str(exc))]
+        except OSError as exc:
+            lock, outcome = None, [("error", f"cannot lock run directory {run_dir}: {exc}")]
+    if distributed:
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        kind, message = outcome[0]
+        raise (RunDirBusy if kind == "busy" else CheckpointError)(message)
+    return lock

@@ -1,0 +1,162 @@
+"""DDP whose gradient buckets go through npudist.comm: adapted, numbered and counted like any collective.
+
+``npudist.ddp(model)`` wraps the model in torch's DistributedDataParallel and registers a comm hook
+that hands each gradient bucket to npudist's asynchronous all_reduce. So a bucket the backend's
+constraint row rejects (bf16 under ``hccl-strict``) is cast, padded and reduced in pooled buffers
+instead of failing; every bucket takes a collective number, so a rank that never reaches its backward
+is named in a CollectiveHangError; and comm.stats() counts the gradient traffic itself.
+
+Numerics: where the row reduces the bucket's dtype natively the hook does what DDP's default does
+(divide by the world size, then sum), so parameters stay bit-for-bit those of plain DDP; otherwise it
+averages in the wider dtype comm casts to and casts back once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from npudist import comm
+from npudist.comm import context
+
+_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+class GradientSync:
+    """The comm hook's state for one DDP model: what it has reduced, and a hook that replaced it."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.buckets = 0
+        """Bucket reductions issued through npudist."""
+        self.wait_seconds = 0.0
+        """Issue-to-completion seconds of this model's finished buckets, summed; only grows (telemetry
+        reads the increase per step as time spent waiting in gradient all-reduce)."""
+        self.replaced_by: tuple[Callable[..., Any], Any] | None = None
+        """(hook, state) the user registered after npudist.ddp(); buckets then go to it instead."""
+        self._pending: list[Any] = []
+        self._task: object = None
+
+    def _track(self, handle: Any) -> None:
+        # A Python callback queued in backward runs before DDP's own finalizer (which DDP queues when the
+        # last bucket is ready): there it waits for this backward's buckets, so a failed one raises
+        # CollectiveHangError from loss.backward(). DDP's own wait would only see a RuntimeError's text.
+        task = _task_id() if _task_id is not None else True
+        if task != self._task:
+            self._pending = []  # a backward that failed before its callbacks ran leaves stale handles
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            except RuntimeError:  # not inside a backward pass (DDP's join runs the hook directly)
+                self._task = None
+                return
+            self._task = task
+        self._pending.append(handle)
+
+    def _finish_backward(self) -> None:
+        pending, self._pending, self._task = self._pending, [], None
+        for handle in pending:
+            handle.wait()
+            self.wait_seconds += handle.seconds or 0.0
+
+
+def _hook(sync: GradientSync, bucket):  # DDP checks these annotations: they must stay empty
+    if sync.replaced_by is not None:
+        hook, state = sync.replaced_by
+        return hook(state, bucket)
+    buf = bucket.buffer()
+    ctx = context.get(sync.group)
+    if buf.dtype in ctx.constraints.native_dtypes("sum"):
+        buf.div_(ctx.world)  # DDP's default: divide first, then sum
+        op = "sum"
+    else:
+        op = "avg"  # cast to the wider dtype, sum and divide there, cast back once
+    handle = comm.all_reduce(buf, op, sync.group, async_op=True)  # numbered, adapted, counted
+    sync.buckets += 1
+    sync._track(handle)
+    return handle.get_future()
+
+
+class _NpudistDDP(DistributedDataParallel):
+    """DistributedDataParallel whose register_comm_hook replaces npudist's hook (torch allows one)."""
+
+    _npudist_sync: GradientSync
+
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        self._check_comm_hook(hook)
+        sync = self._npudist_sync
+        if sync.replaced_by is None:
+            warnings.warn(
+                f"register_comm_hook({getattr(hook, '__qualname__', hook)}) replaces npudist.ddp's hook: "
+                "gradient buckets are no longer adapted to the backend's constraints, numbered for hang "
+                "diagnosis or counted in npudist.comm.stats()", stacklevel=2)
+        sync.replaced_by = (hook, state)
+        self._comm_hooks = [(hook, state)]
+        if self.logger is not None:
+            self.logger._set_comm_hook_name(getattr(hook, "__qualname__", str(hook)))
+
+
+# DDP options whose gradients would not pass through a comm hook, or that register DDP's own hook.
+_REFUSED = MappingProxyType({
+    "mixed_precision": "registers DDP's own comm hook (a DDP model takes one); cast the model to the low "
+                       "precision dtype instead (npudist adapts bf16/fp16 buckets) or use plain DDP",
+    "delay_all_reduce_named_params": "has DDP all-reduce those parameters itself with torch.distributed, "
+                                     "bypassing the comm hook; leave it out or use plain DDP",
+    "param_to_hook_all_reduce": "goes with delay_all_reduce_named_params, which bypasses the comm hook; "
+                                "leave it out or use plain DDP",
+})
+
+
+def _refuse(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+    for name, why in _REFUSED.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(f"npudist.ddp: the DDP option {name}= {why}")
+    for name, module in model.named_modules():
+        if getattr(module, "sparse", False) is True:
+            raise ValueError(
+                f"npudist.ddp: module {name or 'model'!r} ({type(module).__name__}) has sparse=True: its "
+                "gradients are sparse, and npudist's collectives take dense buckets; build it with "
+                "sparse=False or use plain DDP")
+
+
+def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
+    """``model`` on this rank's device inside DistributedDataParallel, its gradients reduced by npudist.
+
+    ``ddp_kwargs`` go to DistributedDataParallel (find_unused_parameters, gradient_as_bucket_view,
+    static_graph, bucket_cap_mb, ...); ``device_ids`` defaults to this rank's device (none on CPU).
+    Options that cannot work through a comm hook raise ValueError naming them.
+    """
+    from npudist.runtime import context as dist_context
+
+    ctx = dist_context()
+    if ctx is None:
+        raise RuntimeError("npudist.ddp needs a process group: call npudist.init() first "
+                           "(start the job with `npudist launch` or torchrun)")
+    _refuse(model, ddp_kwargs)
+    if ctx.device.type != "cpu":
+        ddp_kwargs.setdefault("device_ids", [ctx.device])
+    wrapped = _NpudistDDP(model.to(ctx.device), **ddp_kwargs)
+    if getattr(wrapped, "_use_python_reducer", False):
+        raise ValueError(
+            "npudist.ddp: torch._dynamo.config.optimize_ddp='python_reducer' calls comm hooks per parameter, "
+            "not per bucket; use another optimize_ddp mode or plain DDP")
+    sync = GradientSync(wrapped.process_group)
+    wrapped._npudist_sync = sync
+    DistributedDataParallel.register_comm_hook(wrapped, sync, _hook)
+    return wrapped
+
+
+def gradient_sync(model: torch.nn.Module) -> GradientSync:
+    """The comm hook state of a model made by ``npudist.ddp`` (ValueError for any other)."""
+    sync = getattr(model, "_npudist_sync", None)
+    if not isinstance(sync, GradientSync):
+        raise ValueError(f"{type(model).__name__} was not made by npudist.ddp(); wrap the model with "
+                         "npudist.ddp(model) instead of DistributedDataParallel")
+    return sync
+
+
+__all__ = ["GradientSync", "ddp", "gradient_sync"]

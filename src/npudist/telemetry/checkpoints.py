@@ -1,0 +1,50 @@
+"""Checkpoint metrics from ``npudist.checkpoint.stats()``: how long saves hold the training loop, how
+long their writes take, bytes, the write in flight, waits and failures.
+
+Read by attribute like the comm collector, so telemetry needs nothing from npudist.checkpoint at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from npudist.telemetry.catalogue import family
+from npudist.telemetry.collectives import histogram_buckets
+from npudist.telemetry.health import CollectorHealth
+
+NAME = "checkpoint"
+
+
+class CheckpointCollector:
+    def __init__(self, health: CollectorHealth, rank_labels: Sequence[str],
+                 stats: Callable[[], Any] | None = None) -> None:
+        self.health, self.labels = health, list(rank_labels)
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        began = time.monotonic()
+        try:
+            stats_fn = self._stats or importlib.import_module("npudist.checkpoint").stats
+            s = stats_fn()
+            histograms = [(histogram_buckets(d.buckets), float(d.sum_seconds)) for d in (s.snapshot, s.write)]
+            counts = (int(s.bytes), int(s.inflight), int(s.waits), int(s.failures))
+        except Exception:
+            self.health.error(NAME, "error", time.monotonic() - began)
+            return
+        self.health.success(NAME, time.monotonic() - began)
+        names = ("npudist_checkpoint_snapshot_duration_seconds", "npudist_checkpoint_write_duration_seconds")
+        for name, (buckets, total) in zip(names, histograms, strict=True):
+            fam = family(name)
+            fam.add_metric(self.labels, buckets, total)
+            yield fam
+        for name, value in zip(("npudist_checkpoint_bytes_total", "npudist_checkpoint_inflight",
+                                "npudist_checkpoint_waits_total", "npudist_checkpoint_failures_total"),
+                               counts, strict=True):
+            fam = family(name)
+            fam.add_metric(self.labels, value)
+            yield fam
