@@ -156,7 +156,8 @@ def test_a_crashing_check_becomes_a_failed_result(monkeypatch):
     assert exit_code(results) == 1 and as_document(results)["summary"]["fail"] == 1
 
 
-ISSUE_CHECKS = {"python", "torch", "accelerator:npu", "accelerator:cuda", "accelerator:mlu", "accelerator:rknpu",
+ISSUE_CHECKS = {"settings", "python", "torch",
+                "accelerator:npu", "accelerator:cuda", "accelerator:mlu", "accelerator:rknpu",
                 "accelerator:cpu", "tool:npu-smi", "tool:nvidia-smi", "tool:cnmon", "ascend-env", "backends",
                 "shm", "open-files", "master-addr", "master-port", "torch-npu-version", "network-interfaces",
                 "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "processes:npu-smi", "processes:nvidia-smi",
@@ -242,3 +243,11 @@ def test_comm_constraints_show_the_active_profile():
     assert "name: gloo" in plain.finding  # the CPU accelerator's backend
     bad = checks.comm_constraints(_host(env={"NPUDIST_COMM_PROFILE": "nccl-fast"}))
     assert bad.status == FAIL and "hccl-strict" in bad.fix
+
+
+def test_a_malformed_npudist_variable_is_named_once_not_reported_as_a_bug():
+    done = run_npudist(["doctor", "--json"], env=child_env({"NPUDIST_TIMEOUT": "soon"}))
+    by = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert by["settings"]["status"] == "fail" and "NPUDIST_TIMEOUT='soon'" in by["settings"]["finding"]
+    assert not [c for c in by.values() if "bug" in c["fix"]]
+    assert done.returncode == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from npudist.doctor.checks import CHECKS
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, STATUSES, WARN, CheckResult
+from npudist.runtime.settings import SettingsError
 
 
 def run_checks(host: Host | None = None) -> list[CheckResult]:
@@ -14,6 +15,8 @@ def run_checks(host: Host | None = None) -> list[CheckResult]:
     for name, fn in CHECKS:
         try:
             got = fn(host)
+        except SettingsError as exc:  # the process's own settings: the `settings` check names the fix
+            got = CheckResult(name, SKIP, f"not checked: {exc}", "see the settings check")
         except Exception as exc:
             got = CheckResult(name, FAIL, f"check crashed: {type(exc).__name__}: {exc}",
                               "report this as an npudist bug")

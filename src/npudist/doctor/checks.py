@@ -38,6 +38,17 @@ def _base_version(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
+@check("settings")
+def settings(host: Host) -> CheckResult:
+    from npudist.runtime.settings import Settings, SettingsError
+
+    try:
+        Settings.from_env(host.env)
+    except SettingsError as exc:
+        return CheckResult("settings", FAIL, str(exc), "fix the variable or unset it")
+    return CheckResult("settings", OK, "every NPUDIST_* variable that is set parses")
+
+
 @check("python")
 def python_version(host: Host) -> CheckResult:
     v = platform.python_version()

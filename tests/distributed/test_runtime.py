@@ -1,0 +1,81 @@
+"""Settings parsing, and the Runtime's life in one process: started on first use, everything ended by close."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import npudist
+from npudist import comm
+from npudist.comm.state import state as comm_state
+from npudist.runtime import Settings, SettingsError, state
+
+
+def test_settings_parse_every_variable_into_its_type():
+    s = Settings.from_env({
+        "NPUDIST_ACCELERATOR": " NPU ", "NPUDIST_TIMEOUT": "90.5", "NPUDIST_COMM_PROFILE": "hccl-strict",
+        "NPUDIST_COMM_DEBUG": "yes", "NPUDIST_COMM_SYNC_TIMING": "0", "NPUDIST_RUN_DIR": "/runs/a",
+        "NPUDIST_WATCHDOG_OFF": "1", "NPUDIST_METRICS_PORT": "9400", "NPUDIST_METRICS_HOST": "0.0.0.0",
+        "NPUDIST_CPU_NPROC": "3", "NPUDIST_SYSFS_ROOT": "/fake", "NPUDIST_NODE_NAME": "node-7",
+    })
+    assert s == Settings(accelerator="npu", timeout_s=90.5, comm_profile="hccl-strict", comm_debug=True,
+                         sync_timing=False, run_dir="/runs/a", watchdog=False, metrics_port=9400,
+                         metrics_host="0.0.0.0", cpu_nproc=3, sysfs_root="/fake", node_name="node-7")
+    assert Settings.from_env({}) == Settings()
+    assert Settings.from_env({"NPUDIST_TIMEOUT": " ", "NPUDIST_METRICS_PORT": ""}) == Settings()
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    ("NPUDIST_TIMEOUT", "soon", "NPUDIST_TIMEOUT='soon' is not a number of seconds"),
+    ("NPUDIST_TIMEOUT", "-5", "must be a positive number of seconds"),
+    ("NPUDIST_METRICS_PORT", "94OO", "NPUDIST_METRICS_PORT='94OO' is not a port number"),
+    ("NPUDIST_CPU_NPROC", "0", "NPUDIST_CPU_NPROC='0': give a positive integer"),
+])
+def test_a_malformed_variable_is_named_with_what_to_put_there(var, value, says):
+    with pytest.raises(SettingsError, match=says):
+        Settings.from_env({var: value})
+
+
+@pytest.fixture
+def fresh():
+    rt = state.peek()
+    if rt is not None:
+        rt.close()
+    yield
+    rt = state.peek()
+    if rt is not None:
+        rt.close()
+
+
+def test_init_starts_the_runtime_and_shutdown_ends_everything_it_held(fresh, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = npudist.init()  # a world of one
+    rt = state.peek()
+    assert rt is not None and rt.context is ctx and npudist.runtime.context() is ctx
+    comm.set_profile("hccl-strict")
+    npudist.all_reduce(torch.ones(5, dtype=torch.bfloat16))  # adapted: caches the group, uses the pool
+    assert comm.stats().get("all_reduce").calls == 1
+    held = comm_state()
+    assert held.groups and rt.comm is held
+    npudist.shutdown()
+    assert state.peek() is None and not dist.is_initialized() and npudist.runtime.context() is None
+    assert held.groups == {} and held.watchdog.record is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("npudist")]
+    # A plain process group afterwards: the collectives start a new Runtime, with nothing carried over.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        npudist.all_reduce(torch.ones(3))
+        assert state.peek() is not rt and comm.stats().get("all_reduce").calls == 1
+        assert comm.active_constraints().name == "gloo"  # set_profile() ended with the old Runtime
+    finally:
+        npudist.shutdown()
+
+
+def test_a_malformed_timeout_fails_init_with_dist_init_error(fresh, monkeypatch):
+    monkeypatch.setenv("NPUDIST_TIMEOUT", "soon")
+    with pytest.raises(npudist.DistInitError, match="NPUDIST_TIMEOUT='soon'"):
+        npudist.init()
