@@ -1,7 +1,8 @@
 """Per-group facts a collective needs on every call, looked up once and cached in the CommState.
 
-The settings (NPUDIST_COMM_PROFILE, NPUDIST_COMM_DEBUG, NPUDIST_COMM_SYNC_TIMING) apply when a group is
-first used; ``set_profile``/``set_debug`` (state.py) change them in-process and drop the cache.
+A group's entry is built from the Runtime's Settings (NPUDIST_COMM_PROFILE, NPUDIST_COMM_DEBUG,
+NPUDIST_COMM_SYNC_TIMING, read when the Runtime started) on its first collective; ``set_profile`` and
+``set_debug`` (state.py) override them in-process and drop the cache.
 """
 
 from __future__ import annotations
