@@ -28,14 +28,14 @@ GIB = 1024**3
 def _exporter(port_out: mp.Queue, hang: bool) -> None:
     from prometheus_client import CollectorRegistry
 
-    from npudist.telemetry.allocator import AllocatorCollector
-    from npudist.telemetry.collectives import CommCollector
-    from npudist.telemetry.devices import DeviceCollector
-    from npudist.telemetry.health import CollectorHealth
-    from npudist.telemetry.poller import Poller
-    from npudist.telemetry.readings import DeviceReading, Source
-    from npudist.telemetry.server import serve
-    from npudist.telemetry.training import TrainingMetrics
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.exposition.device_metrics import DeviceCollector
+    from npudist.telemetry.exposition.server import serve
+    from npudist.telemetry.job.allocator import AllocatorCollector
+    from npudist.telemetry.job.comm_metrics import CommCollector
+    from npudist.telemetry.job.step_timer import TrainingMetrics
+    from npudist.telemetry.sources.poller import Poller
+    from npudist.telemetry.sources.readings import DeviceReading, Source
 
     readings = [DeviceReading("npu", i, 0, name="910B3", health="OK", power_watts=90.0 + i,
                               temperature_celsius=40.0 + i, utilization_ratio=0.5, frequency_hertz=1.8e9,

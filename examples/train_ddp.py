@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import npudist
 import npudist.telemetry
 from npudist import checkpoint
-from npudist.telemetry.runlog import open_run_log
+from npudist.telemetry.job.run_log import open_run_log
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100)
         npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
         if args.straggler_diagnosis and args.run_dir and ctx.is_main:
-            from npudist.telemetry.straggler import StragglerDiagnosis
+            from npudist.telemetry.job.straggler import StragglerDiagnosis
 
             timer.on_exchange.append(StragglerDiagnosis(args.run_dir, windows=args.straggler_diagnosis))
     if args.run_dir:

@@ -112,7 +112,7 @@ def exporter(
     source: str = typer.Option("auto", help="auto, npu-smi, rknpu, nvml, cpu (or package.module:Class)."),
     interval: str = typer.Option("5s", help="Time between device reads, e.g. 5s, 500ms, 1m."),
 ) -> None:
-    from npudist.telemetry import exporter as node
+    from npudist.telemetry.exposition import node_exporter as node
 
     try:
         running = node.start(listen, source, interval)

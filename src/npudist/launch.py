@@ -176,8 +176,8 @@ def _with_metrics(the_plan: LaunchPlan, ns: argparse.Namespace, env: Mapping[str
         if ns.targets_file:
             raise LaunchError("--targets-file lists the ranks' metrics endpoints: add --metrics-port PORT")
         return the_plan
-    from npudist.telemetry import targets
-    from npudist.telemetry.server import ExporterError
+    from npudist.telemetry.exposition import targets
+    from npudist.telemetry.exposition.server import ExporterError
 
     if the_plan.mode == "mpi":
         info = rank_info(the_plan.exec_env)
@@ -248,7 +248,7 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
     """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script."""
     the_plan = plan(argv, acc, dict(os.environ if env is None else env))
     if the_plan.targets_file:
-        from npudist.telemetry.targets import write_targets
+        from npudist.telemetry.exposition.targets import write_targets
 
         write_targets(the_plan.targets_file, the_plan.targets)
     os.environ.update(the_plan.env_updates)  # torchrun's workers inherit this process's environment

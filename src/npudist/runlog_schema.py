@@ -1,4 +1,5 @@
-"""The run-log format, defined once: the writer (telemetry/runlog.py) and the reader (report/records.py) both use it.
+"""The run-log format, defined once: the writer (telemetry/job/run_log.py) and the reader (report/records.py)
+both use it.
 
 It imports nothing from npudist, so the training side and `npudist report` share it without either layer
 importing the other (report must not pull in torch or the exporters; telemetry must not depend on the report).

@@ -11,8 +11,8 @@ import npudist
 from npudist import checkpoint
 from npudist.checkpoint import store
 from npudist.checkpoint.writer import writer
-from npudist.telemetry.checkpoints import CheckpointCollector
-from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
 from tests.checkpoint.test_store import _failing_save
 
 

@@ -12,9 +12,9 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from npudist.accelerators import get
-from npudist.telemetry.allocator import AllocatorCollector, read_allocator
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.training import StepTimer, TrainingMetrics
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.job.allocator import AllocatorCollector, read_allocator
+from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from tests.telemetry.exp_helpers import families, registry_text, samples
 
 pytestmark = pytest.mark.cuda
@@ -82,7 +82,7 @@ def test_sampled_step_on_cuda_times_matmul_kernels() -> None:
 
 @pytest.mark.timeout(120)
 def test_profiler_on_cuda_captures_device_time_of_mm() -> None:
-    from npudist.telemetry import opprof
+    from npudist.telemetry.job import op_sampling as opprof
 
     a = torch.randn(2048, 2048, device="cuda:0")
     torch.cuda.synchronize()

@@ -72,7 +72,7 @@ def _check_plausible(r, total_cuda: int) -> None:
 @pytest.mark.timeout(120)
 def test_nvml_source_reads_plausible_values() -> None:
     _pynvml()
-    from npudist.telemetry.nvml import NvmlSource
+    from npudist.telemetry.sources.nvml import NvmlSource
 
     source = NvmlSource()
     try:

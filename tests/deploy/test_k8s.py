@@ -18,8 +18,8 @@ from npudist.dashboards.rules import JOB_MATCH, rules_document
 from npudist.deploy import PLACEMENTS, K8sOptions
 from npudist.deploy.k8s import KUSTOMIZATION, files
 from npudist.launch import parser, plan
-from npudist.telemetry.server import parse_listen
-from npudist.telemetry.sources import SOURCES
+from npudist.telemetry.exposition.server import parse_listen
+from npudist.telemetry.sources.registry import SOURCES
 from tests.deploy.schemas import pod_templates, validate, validate_core, validate_crd
 
 COMBOS = [(acc, sched) for acc in PLACEMENTS for sched in ("kubeflow", "volcano")]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from npudist.telemetry import opprof
+from npudist.telemetry.job import op_sampling as opprof
 
 
 @dataclass

@@ -2,9 +2,9 @@ import json
 import math
 
 from npudist.comm.recorder import Recorder
-from npudist.telemetry.readings import DeviceReading, RankDevice
-from npudist.telemetry.runlog import RunLog, device_record, rank_file
-from npudist.telemetry.training import StepTimer, TrainingMetrics
+from npudist.telemetry.job.run_log import RunLog, device_record, rank_file
+from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
+from npudist.telemetry.sources.readings import DeviceReading, RankDevice
 
 
 class Ticker:

@@ -8,7 +8,7 @@ import urllib.request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from npudist.telemetry.readings import DeviceReading, ParseError, Source, SourceError
+from npudist.telemetry.sources.readings import DeviceReading, ParseError, Source, SourceError
 
 GIB = 1024**3
 

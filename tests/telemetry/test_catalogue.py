@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from npudist.telemetry import catalogue
-from npudist.telemetry.catalogue import CATALOGUE, MetricDef, family, markdown_table, problems, validate
+from npudist.telemetry.exposition import catalogue
+from npudist.telemetry.exposition.catalogue import CATALOGUE, MetricDef, family, markdown_table, problems, validate
 
 NOTES = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -74,20 +74,20 @@ def test_notes_table_is_generated_from_the_catalogue():
     begin, end = "<!-- metric-table:begin -->\n", "<!-- metric-table:end -->"
     assert begin in text and end in text, "docs/telemetry-exporter.md lost its metric-table markers"
     table = text.split(begin, 1)[1].split(end, 1)[0]
-    assert table == markdown_table(), "regenerate with: python -m npudist.telemetry.catalogue"
+    assert table == markdown_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue"
 
 
 def test_readme_threshold_table_is_generated_from_the_catalogue():
-    from npudist.telemetry.catalogue import thresholds_table
+    from npudist.telemetry.exposition.catalogue import thresholds_table
 
     text = NOTES.read_text()
     table = text.split("<!-- threshold-table:begin -->\n", 1)[1].split("<!-- threshold-table:end -->", 1)[0]
-    assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.catalogue --thresholds"
+    assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue --thresholds"
 
 
 def test_the_job_uses_the_catalogue_skew_threshold():
-    from npudist.telemetry.catalogue import THRESHOLDS
-    from npudist.telemetry.straggler import StragglerDiagnosis
-    from npudist.telemetry.training import StepTimer
+    from npudist.telemetry.exposition.catalogue import THRESHOLDS
+    from npudist.telemetry.job.step_timer import StepTimer
+    from npudist.telemetry.job.straggler import StragglerDiagnosis
 
     assert StepTimer().threshold == StragglerDiagnosis(".").threshold == THRESHOLDS["skew"].value == 0.12

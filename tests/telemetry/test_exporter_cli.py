@@ -11,7 +11,7 @@ from tests.conftest import child_env
 from tests.telemetry.exp_helpers import families, samples, scrape
 
 FAKE_SOURCE = '''
-from npudist.telemetry.readings import DeviceReading, Source
+from npudist.telemetry.sources.readings import DeviceReading, Source
 
 class TwoChips(Source):
     name = "fake-smi"

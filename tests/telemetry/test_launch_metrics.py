@@ -14,7 +14,7 @@ CPU = get("cpu")
 RANK_SCRIPT = '''
 import json, logging, os, sys, time, urllib.request
 import npudist, npudist.telemetry
-from npudist.telemetry.straggler import StragglerDiagnosis
+from npudist.telemetry.job.straggler import StragglerDiagnosis
 
 logging.basicConfig(level=logging.WARNING)
 ctx = npudist.init()

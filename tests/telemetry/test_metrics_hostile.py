@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
-from npudist.telemetry import server as metrics_server
-from npudist.telemetry.exporter import build
-from npudist.telemetry.server import CoalescedApp, serve
+from npudist.telemetry.exposition import server as metrics_server
+from npudist.telemetry.exposition.node_exporter import build
+from npudist.telemetry.exposition.server import CoalescedApp, serve
 from tests.conftest import FAKES, REPO, child_env
 from tests.httpserve.clients import Crowd, exchange, status
 from tests.telemetry.exp_helpers import ScriptedSource, eight_ascend, families, samples, scrape
@@ -127,9 +127,9 @@ def test_a_scrape_waiting_on_a_render_that_raised_gets_the_error(monkeypatch):
 EXPORTER = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    from npudist.telemetry.exporter import build
-    from npudist.telemetry.server import serve
-    from npudist.telemetry.npu_smi import NpuSmiSource
+    from npudist.telemetry.exposition.node_exporter import build
+    from npudist.telemetry.exposition.server import serve
+    from npudist.telemetry.sources.npu_smi import NpuSmiSource
     ex = build([NpuSmiSource(timeout=20)], 0.5, node="n1", timeout_s=20)  # slow machines: no timeouts
     ex.server = serve(ex.registry, "127.0.0.1", 0)
     for p in ex.pollers:

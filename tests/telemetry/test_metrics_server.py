@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npudist.telemetry.exporter import build, parse_interval
-from npudist.telemetry.server import ExporterError, parse_listen, serve
+from npudist.telemetry.exposition.node_exporter import build, parse_interval
+from npudist.telemetry.exposition.server import ExporterError, parse_listen, serve
 from tests.telemetry.exp_helpers import ScriptedSource, eight_ascend, families, samples, scrape
 
 

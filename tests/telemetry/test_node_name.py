@@ -2,10 +2,10 @@
 
 import socket
 
-from npudist.telemetry.devices import DeviceCollector
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.node import node_name
-from npudist.telemetry.rank import serve_rank_metrics
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.device_metrics import DeviceCollector
+from npudist.telemetry.exposition.node_label import node_name
+from npudist.telemetry.exposition.rank_exporter import serve_rank_metrics
 
 
 def test_the_variable_wins_over_the_hostname(monkeypatch):

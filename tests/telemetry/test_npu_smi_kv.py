@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from npudist.telemetry import DeviceReading, ParseError
-from npudist.telemetry.npu_smi import (
+from npudist.telemetry.sources.npu_smi import (
     merge_readings,
     parse,
     parse_kv,

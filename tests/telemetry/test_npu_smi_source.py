@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from npudist.telemetry import Source, SourceError
-from npudist.telemetry.npu_smi import NpuSmiSource
+from npudist.telemetry.sources.npu_smi import NpuSmiSource
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 MIB = 1048576

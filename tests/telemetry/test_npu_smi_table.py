@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from npudist.telemetry import ParseError
-from npudist.telemetry.npu_smi import parse, parse_processes, parse_table
+from npudist.telemetry.sources.npu_smi import parse, parse_processes, parse_table
 
 REC = Path(__file__).resolve().parents[1] / "fakes" / "npu-smi"
 MIB = 1048576  # npu-smi "MB" are MiB

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from npudist.telemetry import SourceError
-from npudist.telemetry.allocator import allocator_reading, read_allocator
-from npudist.telemetry.host import HostSource
-from npudist.telemetry.nvml import NvmlSource
+from npudist.telemetry.job.allocator import allocator_reading, read_allocator
+from npudist.telemetry.sources.host_psutil import HostSource
+from npudist.telemetry.sources.nvml import NvmlSource
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 

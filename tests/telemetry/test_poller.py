@@ -2,9 +2,9 @@ import time
 
 import pytest
 
-from npudist.telemetry.exporter import build
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.poller import Poller
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.node_exporter import build
+from npudist.telemetry.sources.poller import Poller
 from tests.telemetry.exp_helpers import (
     CRASH,
     GARBAGE,

@@ -4,9 +4,9 @@ import sys
 from prometheus_client import CollectorRegistry, generate_latest
 
 from npudist.comm.recorder import CommStats, OpStats
-from npudist.telemetry.allocator import AllocatorCollector, fragmentation
-from npudist.telemetry.collectives import CommCollector, histogram_buckets
-from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.job.allocator import AllocatorCollector, fragmentation
+from npudist.telemetry.job.comm_metrics import CommCollector, histogram_buckets
 from tests.telemetry.exp_helpers import families, samples
 
 RANK = ["1", "1", "n1", "5", "0"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.npu_smi import NpuSmiSource, VisibleDevicesError, parse_mapping, rank_chip
-from npudist.telemetry.rank import LOCATE, locate, rank_labels
-from npudist.telemetry.readings import RankDevice
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.rank_exporter import LOCATE, locate, rank_labels
+from npudist.telemetry.sources.npu_smi import NpuSmiSource, VisibleDevicesError, parse_mapping, rank_chip
+from npudist.telemetry.sources.readings import RankDevice
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fakes" / "npu-smi"
 TWO_910B3 = parse_mapping((RECORDINGS / "info-m-mapping.txt").read_text())  # NPU 3 -> logical 0, NPU 4 -> 1
@@ -75,7 +75,7 @@ def test_read_fills_logical_ids_and_asks_info_m_once(fake_path, monkeypatch):
 
 
 def test_a_failing_info_m_is_retried_only_every_n_reads(fake_path, monkeypatch, tmp_path):
-    from npudist.telemetry.npu_smi import source
+    from npudist.telemetry.sources.npu_smi import source
 
     monkeypatch.setattr(source, "MAPPING_RETRY_READS", 2)
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MAP", str(tmp_path / "missing-info-m.txt"))  # the fake then fails
@@ -96,7 +96,7 @@ class _Source:
 
 
 def test_a_failed_lookup_is_counted_and_leaves_the_labels_empty(caplog):
-    from npudist.telemetry.readings import SourceError
+    from npudist.telemetry.sources.readings import SourceError
 
     health = CollectorHealth()
     assert locate(_Source(SourceError("timeout", "npu-smi hung")), {}, 0, health) is None

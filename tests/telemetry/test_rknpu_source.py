@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from npudist.telemetry import ParseError, SourceError
-from npudist.telemetry.rknpu import RknpuSource, parse_load, parse_version
+from npudist.telemetry.sources.rknpu_sysfs import RknpuSource, parse_load, parse_version
 
 REC = Path(__file__).resolve().parents[1] / "fakes" / "rknpu"
 

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npudist.telemetry import DeviceReading, ParseError
-from npudist.telemetry import rknpu as rk
-from npudist.telemetry.devices import DeviceCollector
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.npu_smi import parse, parse_kv, parse_mapping, parse_processes, parse_table
-from npudist.telemetry.poller import Poller
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.device_metrics import DeviceCollector
+from npudist.telemetry.sources import rknpu_sysfs as rk
+from npudist.telemetry.sources.npu_smi import parse, parse_kv, parse_mapping, parse_processes, parse_table
+from npudist.telemetry.sources.poller import Poller
 from tests.telemetry.exp_helpers import ScriptedSource
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"

@@ -3,9 +3,9 @@ from types import MappingProxyType
 
 import pytest
 
-from npudist.telemetry import sources
-from npudist.telemetry.readings import Source
-from npudist.telemetry.sources import SOURCES, SourceUnavailable, load_source, resolve_name
+from npudist.telemetry.sources import registry as sources
+from npudist.telemetry.sources.readings import Source
+from npudist.telemetry.sources.registry import SOURCES, SourceUnavailable, load_source, resolve_name
 from tests.telemetry.exp_helpers import eight_ascend
 
 
@@ -19,10 +19,10 @@ class FakeNpuSmi(Source):
 
 def test_table_names_the_agreed_classes():
     assert SOURCES == {
-        "npu-smi": "npudist.telemetry.npu_smi:NpuSmiSource",
-        "rknpu": "npudist.telemetry.rknpu:RknpuSource",
-        "nvml": "npudist.telemetry.nvml:NvmlSource",
-        "cpu": "npudist.telemetry.host:HostSource",
+        "npu-smi": "npudist.telemetry.sources.npu_smi:NpuSmiSource",
+        "rknpu": "npudist.telemetry.sources.rknpu_sysfs:RknpuSource",
+        "nvml": "npudist.telemetry.sources.nvml:NvmlSource",
+        "cpu": "npudist.telemetry.sources.host_psutil:HostSource",
     }
 
 

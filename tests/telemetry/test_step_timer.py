@@ -5,9 +5,9 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from npudist.telemetry import opprof
-from npudist.telemetry.skew import describe, skew_report
-from npudist.telemetry.training import StepTimer, TrainingMetrics
+from npudist.telemetry.job import op_sampling as opprof
+from npudist.telemetry.job.skew import describe, skew_report
+from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from tests.telemetry.exp_helpers import families, samples
 
 
@@ -112,7 +112,7 @@ def test_equal_ranks_have_no_skew_and_ties_pick_the_lowest_rank():
 
 
 def test_threshold_warning_is_logged_on_rank_zero(monkeypatch, caplog):
-    from npudist.telemetry import training
+    from npudist.telemetry.job import step_timer as training
 
     monkeypatch.setattr(training, "_all_gather_rows",
                         lambda row, group: ([row, [row[0] * 2, 70.0, 1.5e9]], 0))

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from npudist.telemetry.skew import skew_report
-from npudist.telemetry.straggler import StragglerDiagnosis, diagnosis
-from npudist.telemetry.training import StepTimer, TrainingMetrics
+from npudist.telemetry.job.skew import skew_report
+from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
+from npudist.telemetry.job.straggler import StragglerDiagnosis, diagnosis
 from tests.conftest import run_npudist
 
 
@@ -46,7 +46,7 @@ def test_diagnosis_document_numbers():
 
 
 def test_the_straggler_is_named_by_its_card_and_chip_where_its_rank_knows_them():
-    from npudist.telemetry.skew import describe
+    from npudist.telemetry.job.skew import describe
 
     located, unknown = _report(1, 5, [0.01, 0.03]), _report(1, 5, [0.03, 0.01])  # rank 0 did not find its chip
     assert located.devices == (None, (2, 1)) and "rank 1 (device 2 chip 1) is slowest" in describe(located, 0.12)

@@ -21,7 +21,7 @@ import yaml
 
 from npudist.dashboards.panels import GRAFANA_UNITS, PANEL_TYPES
 from npudist.dashboards.promql import PromQLError, metric_names, substitute
-from npudist.telemetry.catalogue import BY_NAME
+from npudist.telemetry.exposition.catalogue import BY_NAME
 
 BUILTINS = frozenset({"up", "ALERTS", "ALERTS_FOR_STATE"})
 """Series Prometheus itself creates."""
@@ -160,7 +160,7 @@ def check_dir(root: Path, promtool: str | None = None) -> CheckResult:
             continue
         if missing:
             res.problems.append(f"unknown metric(s) {', '.join(missing)} in {e!r}: not in "
-                                "npudist.telemetry.catalogue nor recorded by prometheus/rules.yml")
+                                "npudist.telemetry.exposition.catalogue nor recorded by prometheus/rules.yml")
     if promtool:
         res.problems += promtool_parse(exprs, promtool)
         if rules_path.is_file():

@@ -1,7 +1,7 @@
 """The five npudist dashboards as data: panels, their queries and units; grafana.py renders the JSON.
 
 Every query selects with ``$job`` and ``$node`` (Grafana variables) and uses only metrics from
-``npudist.telemetry.catalogue`` or recording rules from ``rules.py``; ``npudist dashboards check`` and the
+``npudist.telemetry.exposition.catalogue`` or recording rules from ``rules.py``; ``npudist dashboards check`` and the
 tests enforce both. Units are Grafana unit ids (``watt``, ``bytes``, ``celsius``, ``percentunit``, ``s``,
 ``Bps``, ``hertz``, ``ops``): the metrics are in base units, so no query rescales anything.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from npudist.telemetry.catalogue import THRESHOLDS as _T
+from npudist.telemetry.exposition.catalogue import THRESHOLDS as _T
 
 GRAFANA_UNITS = frozenset({"watt", "bytes", "celsius", "percentunit", "s", "Bps", "hertz", "ops", "short",
                            "none"})
@@ -153,8 +153,8 @@ OPERATORS = Dashboard(
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
 )
 
-# Rank metrics carry the device/chip the rank computes on (telemetry/rank.py): joined on them, a device
-# series narrows to the straggler's own chip.
+# Rank metrics carry the device/chip the rank computes on (telemetry/exposition/rank_exporter.py): joined
+# on them, a device series narrows to the straggler's own chip.
 _STRAGGLER = 'npudist_steps_total{job=~"$job", rank=~"$straggler"}'
 _CHIP_LEGEND = "device {{device}} chip {{chip}} on {{node}}"
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from npudist.dashboards.limits import over_limit_expr
-from npudist.telemetry.catalogue import THRESHOLDS
+from npudist.telemetry.exposition.catalogue import THRESHOLDS
 
 RUNBOOK = "docs/runbook.md"
 SEVERITIES = ("P1", "P2", "P3")

@@ -8,7 +8,7 @@ from npudist.deploy.manifest import EXPORTER, exporter_labels, host_volumes, met
 from npudist.deploy.options import K8sOptions
 
 ALL_INTERFACES = "0.0.0.0"
-"""`npudist exporter` binds 127.0.0.1 unless told otherwise (telemetry/server.py); in a pod Prometheus
+"""`npudist exporter` binds 127.0.0.1 unless told otherwise (telemetry/exposition/server.py); in a pod Prometheus
 scrapes the pod's address, so the manifests ask for every interface explicitly."""
 
 # Manifest fragments are built per call: each manifest is a fresh document.

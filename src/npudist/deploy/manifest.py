@@ -30,7 +30,10 @@ def meta(name: str, opts: K8sOptions, labels: dict[str, str], **extra: Any) -> d
 
 
 def node_name_env() -> dict[str, Any]:
-    """The node's name for the ``node`` label (telemetry/node.py): a pod's hostname is the pod's name."""
+    """The node's name for the ``node`` label (telemetry/exposition/node_label.py).
+
+    A pod's hostname is the pod's name, not the node's.
+    """
     return {"name": NODE_VAR, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from npudist._version import __version__
 from npudist.deploy.placement import PLACEMENTS, Placement
-from npudist.telemetry.exporter import ExporterError, parse_interval
+from npudist.telemetry.exposition.node_exporter import ExporterError, parse_interval
 
 SCHEDULERS = ("kubeflow", "volcano")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -333,7 +333,7 @@ def parse_nvidia_apps(text: str) -> list[tuple[int, str]]:
 
 
 def _npu_processes(host: Host, exe: str) -> list[tuple[int, str]]:
-    from npudist.telemetry import npu_smi
+    from npudist.telemetry.sources import npu_smi
 
     return [(p.pid, p.name or "?") for p in npu_smi.parse_processes(host.run([exe, "info"], host.tool_timeout))]
 

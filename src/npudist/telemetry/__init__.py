@@ -1,8 +1,8 @@
 """Telemetry: device sources, training-loop metrics and one Prometheus exporter."""
 
-from npudist.telemetry.rank import RankTelemetry, serve_rank_metrics
-from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
-from npudist.telemetry.training import StepTimer, TrainingMetrics, watch_ddp
+from npudist.telemetry.exposition.rank_exporter import RankTelemetry, serve_rank_metrics
+from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics, watch_ddp
+from npudist.telemetry.sources.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
 
 __all__ = [
     "DeviceReading",

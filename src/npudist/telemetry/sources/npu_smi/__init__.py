@@ -5,16 +5,16 @@
 device index is under ASCEND_RT_VISIBLE_DEVICES), and ``NpuSmiSource``.
 """
 
-from npudist.telemetry.merge import merge_readings
-from npudist.telemetry.npu_smi.kv import parse_kv, parse_kv_blocks
-from npudist.telemetry.npu_smi.mapping import (
+from npudist.telemetry.sources.merge import merge_readings
+from npudist.telemetry.sources.npu_smi.kv import parse_kv, parse_kv_blocks
+from npudist.telemetry.sources.npu_smi.mapping import (
     VisibleDevicesError,
     parse_mapping,
     rank_chip,
     with_logical_ids,
 )
-from npudist.telemetry.npu_smi.source import QUERIES, NpuSmiSource
-from npudist.telemetry.npu_smi.table import NpuSmiTable, parse, parse_processes, parse_table
+from npudist.telemetry.sources.npu_smi.source import QUERIES, NpuSmiSource
+from npudist.telemetry.sources.npu_smi.table import NpuSmiTable, parse, parse_processes, parse_table
 
 __all__ = [
     "QUERIES",

@@ -11,8 +11,8 @@ import dataclasses
 import re
 from collections.abc import Iterable
 
-from npudist.telemetry import _values as v
-from npudist.telemetry.readings import DeviceReading, ParseError, RankDevice
+from npudist.telemetry.sources import _values as v
+from npudist.telemetry.sources.readings import DeviceReading, ParseError, RankDevice
 
 _WANTED = ("npu id", "chip id", "chip logic id")
 

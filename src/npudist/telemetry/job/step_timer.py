@@ -11,11 +11,11 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from npudist.telemetry import opprof
-from npudist.telemetry.catalogue import family, rank_label_values
-from npudist.telemetry.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
-from npudist.telemetry.readings import RankDevice
-from npudist.telemetry.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew_report
+from npudist.telemetry.exposition.catalogue import family, rank_label_values
+from npudist.telemetry.job import op_sampling as opprof
+from npudist.telemetry.job.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
+from npudist.telemetry.job.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew_report
+from npudist.telemetry.sources.readings import RankDevice
 
 log = logging.getLogger("npudist.telemetry")
 

@@ -13,7 +13,7 @@ import os
 import socket
 from pathlib import Path
 
-from npudist.telemetry.server import check_port
+from npudist.telemetry.exposition.server import check_port
 
 
 def target_host(bind_host: str) -> str:

@@ -7,11 +7,11 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import Metric
 
-from npudist.telemetry.catalogue import family
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.node import node_name
-from npudist.telemetry.poller import Poller, finite
-from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.exposition.catalogue import family
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.node_label import node_name
+from npudist.telemetry.sources.poller import Poller, finite
+from npudist.telemetry.sources.readings import DeviceReading
 
 # metric -> DeviceReading attribute; readings are already in base units (readings.py), so no conversion.
 FIELDS: tuple[tuple[str, str], ...] = (

@@ -256,7 +256,7 @@ def markdown_table(rows: Iterable[MetricDef] = CATALOGUE) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m npudist.telemetry.catalogue [--thresholds]`
+if __name__ == "__main__":  # pragma: no cover - `python -m npudist.telemetry.exposition.catalogue [--thresholds]`
     import sys
 
     print(thresholds_table() if "--thresholds" in sys.argv else markdown_table(), end="")

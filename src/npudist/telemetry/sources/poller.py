@@ -15,8 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.readings import DeviceReading, ParseError, Source, SourceError
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.sources.readings import DeviceReading, ParseError, Source, SourceError
 
 log = logging.getLogger("npudist.telemetry")
 

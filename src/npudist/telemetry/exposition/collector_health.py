@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from npudist.telemetry.catalogue import family
+from npudist.telemetry.exposition.catalogue import family
 
 
 class CollectorHealth:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from npudist.telemetry import _values as v
-from npudist.telemetry.json_readings import parse_json
-from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading
+from npudist.telemetry.sources import _values as v
+from npudist.telemetry.sources.json_readings import parse_json
+from npudist.telemetry.sources.readings import DeviceReading, ParseError, ProcessReading
 
 
 @dataclass(frozen=True)

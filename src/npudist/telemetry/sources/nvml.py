@@ -13,8 +13,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from npudist.telemetry import _values as v
-from npudist.telemetry.readings import DeviceReading, Source, SourceError
+from npudist.telemetry.sources import _values as v
+from npudist.telemetry.sources.readings import DeviceReading, Source, SourceError
 
 
 def _text(value: Any) -> str | None:

@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from npudist.telemetry.skew import DEFAULT_THRESHOLD, SkewReport
+from npudist.telemetry.job.skew import DEFAULT_THRESHOLD, SkewReport
 
 log = logging.getLogger("npudist.telemetry")
 

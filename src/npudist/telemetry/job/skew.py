@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from npudist.telemetry.catalogue import THRESHOLDS
+from npudist.telemetry.exposition.catalogue import THRESHOLDS
 
 DEFAULT_THRESHOLD = THRESHOLDS["skew"].value
 

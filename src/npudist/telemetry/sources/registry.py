@@ -6,14 +6,14 @@ import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from npudist.telemetry.readings import Source
+from npudist.telemetry.sources.readings import Source
 
 # name -> "module:Class". Names match the vendor table's `telemetry_source` column (accelerators/vendors.py).
 SOURCES: Mapping[str, str] = MappingProxyType({
-    "npu-smi": "npudist.telemetry.npu_smi:NpuSmiSource",
-    "rknpu": "npudist.telemetry.rknpu:RknpuSource",
-    "nvml": "npudist.telemetry.nvml:NvmlSource",
-    "cpu": "npudist.telemetry.host:HostSource",
+    "npu-smi": "npudist.telemetry.sources.npu_smi:NpuSmiSource",
+    "rknpu": "npudist.telemetry.sources.rknpu_sysfs:RknpuSource",
+    "nvml": "npudist.telemetry.sources.nvml:NvmlSource",
+    "cpu": "npudist.telemetry.sources.host_psutil:HostSource",
 })
 
 

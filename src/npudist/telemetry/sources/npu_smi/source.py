@@ -6,15 +6,22 @@ import logging
 import subprocess
 from collections.abc import Mapping
 
-from npudist.telemetry.npu_smi.kv import parse_kv
-from npudist.telemetry.npu_smi.mapping import (
+from npudist.telemetry.sources.npu_smi.kv import parse_kv
+from npudist.telemetry.sources.npu_smi.mapping import (
     VISIBLE_DEVICES_VAR,
     parse_mapping,
     rank_chip,
     with_logical_ids,
 )
-from npudist.telemetry.npu_smi.table import NpuSmiTable, parse_table
-from npudist.telemetry.readings import DeviceReading, ParseError, ProcessReading, RankDevice, Source, SourceError
+from npudist.telemetry.sources.npu_smi.table import NpuSmiTable, parse_table
+from npudist.telemetry.sources.readings import (
+    DeviceReading,
+    ParseError,
+    ProcessReading,
+    RankDevice,
+    Source,
+    SourceError,
+)
 from npudist.toolrun import run_tool
 
 QUERIES = ("usages", "power", "temp", "memory", "health", "common")

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from npudist.telemetry import _values as v
-from npudist.telemetry.merge import merge_readings
-from npudist.telemetry.readings import DeviceReading, ParseError
+from npudist.telemetry.sources import _values as v
+from npudist.telemetry.sources.merge import merge_readings
+from npudist.telemetry.sources.readings import DeviceReading, ParseError
 
 # Normalised key -> (DeviceReading field, converter to base units).
 KV_FIELDS: Mapping[str, tuple[str, Callable[[str], Any]]] = MappingProxyType({

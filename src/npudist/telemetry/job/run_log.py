@@ -20,9 +20,9 @@ from typing import IO, Any
 
 from npudist import runlog_schema as schema
 from npudist.runlog_schema import rank_file
-from npudist.telemetry.node import node_name
-from npudist.telemetry.readings import DeviceReading, RankDevice
-from npudist.telemetry.skew import SkewReport
+from npudist.telemetry.exposition.node_label import node_name
+from npudist.telemetry.job.skew import SkewReport
+from npudist.telemetry.sources.readings import DeviceReading, RankDevice
 
 log = logging.getLogger("npudist.telemetry")
 
@@ -146,7 +146,7 @@ def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: An
     poller when it has one and recording ``timer``'s skew exchanges."""
     readings = None
     if telemetry is not None and telemetry.poller is not None:
-        from npudist.telemetry.rank import local_reading
+        from npudist.telemetry.exposition.rank_exporter import local_reading
 
         poller, local_rank, device = telemetry.poller, ctx.local_rank, telemetry.device
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 from types import ModuleType
 
-from npudist.telemetry import _values as v
-from npudist.telemetry.readings import DeviceReading, Source, SourceError
+from npudist.telemetry.sources import _values as v
+from npudist.telemetry.sources.readings import DeviceReading, Source, SourceError
 
 
 class HostSource(Source):

@@ -10,12 +10,12 @@ from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry
 
-from npudist.telemetry.devices import DeviceCollector
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.poller import Poller
-from npudist.telemetry.readings import Source
-from npudist.telemetry.server import ExporterError, MetricsServer, parse_listen, serve
-from npudist.telemetry.sources import SourceUnavailable, load_source
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.device_metrics import DeviceCollector
+from npudist.telemetry.exposition.server import ExporterError, MetricsServer, parse_listen, serve
+from npudist.telemetry.sources.poller import Poller
+from npudist.telemetry.sources.readings import Source
+from npudist.telemetry.sources.registry import SourceUnavailable, load_source
 
 __all__ = ["ExporterError", "NodeExporter", "SourceUnavailable", "build", "parse_interval", "start"]
 

@@ -15,8 +15,8 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
-from npudist.telemetry.catalogue import family, rank_label_values
-from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.exposition.catalogue import family, rank_label_values
+from npudist.telemetry.exposition.collector_health import CollectorHealth
 
 NAME = "comm"
 

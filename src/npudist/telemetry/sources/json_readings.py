@@ -13,8 +13,8 @@ import json
 import math
 from typing import Any
 
-from npudist.telemetry import _values
-from npudist.telemetry.readings import DeviceReading, ParseError
+from npudist.telemetry.sources import _values
+from npudist.telemetry.sources.readings import DeviceReading, ParseError
 
 _FLOATS = frozenset({"power_watts", "temperature_celsius", "utilization_ratio", "frequency_hertz"})
 _INTS = frozenset({"memory_used_bytes", "memory_total_bytes", "hbm_used_bytes", "hbm_total_bytes",

@@ -13,9 +13,9 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from npudist.telemetry.catalogue import family
-from npudist.telemetry.collectives import histogram_buckets
-from npudist.telemetry.health import CollectorHealth
+from npudist.telemetry.exposition.catalogue import family
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.job.comm_metrics import histogram_buckets
 
 NAME = "checkpoint"
 

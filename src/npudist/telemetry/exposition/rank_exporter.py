@@ -17,15 +17,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
-from npudist.telemetry.allocator import AllocatorCollector
-from npudist.telemetry.checkpoints import CheckpointCollector
-from npudist.telemetry.collectives import CommCollector
-from npudist.telemetry.health import CollectorHealth
-from npudist.telemetry.node import node_name
-from npudist.telemetry.poller import Poller
-from npudist.telemetry.readings import DeviceReading, RankDevice, Source, SourceError
-from npudist.telemetry.server import DEFAULT_HOST, ExporterError, MetricsServer, check_port, serve
-from npudist.telemetry.training import StepTimer, TrainingMetrics
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.node_label import node_name
+from npudist.telemetry.exposition.server import DEFAULT_HOST, ExporterError, MetricsServer, check_port, serve
+from npudist.telemetry.job.allocator import AllocatorCollector
+from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
+from npudist.telemetry.job.comm_metrics import CommCollector
+from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
+from npudist.telemetry.sources.poller import Poller
+from npudist.telemetry.sources.readings import DeviceReading, RankDevice, Source, SourceError
 
 log = logging.getLogger("npudist.telemetry")
 
@@ -164,7 +164,7 @@ def locate(source: Source, env: Mapping[str, str], index: int, health: Collector
 
 
 def _device_source(name: str) -> Source | None:
-    from npudist.telemetry.sources import SourceUnavailable, load_source
+    from npudist.telemetry.sources.registry import SourceUnavailable, load_source
 
     try:
         return load_source(name)

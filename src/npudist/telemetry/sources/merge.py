@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from npudist.telemetry.readings import DeviceReading
+from npudist.telemetry.sources.readings import DeviceReading
 
 _KEY_FIELDS = ("vendor", "device_id", "chip_id")
 

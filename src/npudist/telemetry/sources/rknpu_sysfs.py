@@ -20,8 +20,8 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
-from npudist.telemetry import _values as v
-from npudist.telemetry.readings import DeviceReading, ParseError, Source, SourceError
+from npudist.telemetry.sources import _values as v
+from npudist.telemetry.sources.readings import DeviceReading, ParseError, Source, SourceError
 
 T = TypeVar("T")
 

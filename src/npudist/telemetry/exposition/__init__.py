@@ -1,0 +1,1 @@
+"""Serving metrics: the catalogue, the HTTP server, the node and rank exporters, targets, self-monitoring."""
