@@ -82,11 +82,11 @@ def test_sampled_step_on_cuda_times_matmul_kernels() -> None:
 
 @pytest.mark.timeout(120)
 def test_profiler_on_cuda_captures_device_time_of_mm() -> None:
-    from npudist.telemetry.job import op_sampling as opprof
+    from npudist.telemetry.job import op_sampling
 
     a = torch.randn(2048, 2048, device="cuda:0")
     torch.cuda.synchronize()
-    prof = opprof.start_profiler("cuda")
+    prof = op_sampling.start_profiler("cuda")
     try:
         for _ in range(3):
             a = torch.tanh(a @ a)
@@ -97,5 +97,5 @@ def test_profiler_on_cuda_captures_device_time_of_mm() -> None:
     assert len(events) == 3, sorted({e.name for e in prof.events()})
     device_us = [getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) for e in events]
     assert all(us > 0 for us in device_us), device_us  # the GEMM kernels' time, from CUPTI
-    durations = opprof.profiled_op_durations(prof, "cuda")
+    durations = op_sampling.profiled_op_durations(prof, "cuda")
     assert [op for op, _ in durations].count("matmul") == 3 and all(s > 0 for _, s in durations), durations

@@ -5,7 +5,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from npudist.telemetry.job import op_sampling as opprof
+from npudist.telemetry.job import op_sampling
 from npudist.telemetry.job.skew import describe, skew_report
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from tests.telemetry.exp_helpers import families, samples
@@ -112,9 +112,9 @@ def test_equal_ranks_have_no_skew_and_ties_pick_the_lowest_rank():
 
 
 def test_threshold_warning_is_logged_on_rank_zero(monkeypatch, caplog):
-    from npudist.telemetry.job import step_timer as training
+    from npudist.telemetry.job import step_timer
 
-    monkeypatch.setattr(training, "_all_gather_rows",
+    monkeypatch.setattr(step_timer, "_all_gather_rows",
                         lambda row, group: ([row, [row[0] * 2, 70.0, 1.5e9]], 0))
     clock = FakeClock()
     timer = StepTimer(exchange_every=2, clock=clock)
@@ -140,7 +140,7 @@ def test_invalid_settings_are_refused():
     ("aten::linear", None), ("aten::layer_norm", None), ("aten::add", None), ("", None),
 ])
 def test_op_names_are_normalised(name, family):
-    assert opprof.normalise(name) == family
+    assert op_sampling.normalise(name) == family
 
 
 def test_profiled_step_feeds_operator_histograms():

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from npudist.telemetry.exposition.catalogue import family, rank_label_values
-from npudist.telemetry.job import op_sampling as opprof
+from npudist.telemetry.job import op_sampling
 from npudist.telemetry.job.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
 from npudist.telemetry.job.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew_report
 from npudist.telemetry.sources.readings import RankDevice
@@ -173,7 +173,7 @@ class StepTimer:
     def _maybe_start_profiler(self, next_step: int) -> None:
         if self.op_every and next_step % self.op_every == 0 and self._prof is None:
             try:
-                self._prof = opprof.start_op_timer(self.device_type)
+                self._prof = op_sampling.start_op_timer(self.device_type)
             except Exception as exc:  # the profiler is optional telemetry: never break training over it
                 log.warning("operator timing disabled: torch.profiler failed to start: %s", exc)
                 self.op_every = 0
@@ -185,7 +185,7 @@ class StepTimer:
         try:
             prof.__exit__(None, None, None)
             if feed:
-                for op, seconds in opprof.profiled_op_durations(prof, self.device_type):
+                for op, seconds in op_sampling.profiled_op_durations(prof, self.device_type):
                     self.metrics.observe_op(op, seconds)
         except Exception as exc:
             log.warning("operator timing for step %d failed: %s", self.steps_done + 1, exc)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_npudist
 
-PROBE = str(REPO / "tests" / "distributed" / "rank_probe.py")
+PROBE = str(REPO / "tests" / "runtime" / "rank_probe.py")
 pytestmark = pytest.mark.slow
 
 
@@ -140,7 +140,7 @@ def test_rendezvous_timeout_names_what_to_check(out):
 @pytest.mark.parametrize("mode", ["shutdown", "destroy"])
 def test_no_thread_outlives_teardown(out, mode):
     """gloo's workers or the watchdog publisher alive into interpreter exit can abort the process."""
-    script = str(REPO / "tests" / "distributed" / "rank_exit.py")
+    script = str(REPO / "tests" / "runtime" / "rank_exit.py")
     proc = run_npudist(["launch", "--nproc-per-node", "2", script, mode], env=child_env({"PROBE_OUT": str(out)}))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = sorted(_records(out), key=lambda r: r["rank"])
