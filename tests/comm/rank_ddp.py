@@ -146,6 +146,25 @@ def strict_bf16(rank: int) -> dict:
             "adaptations": kinds, "buckets": gradient_sync(mine).buckets}
 
 
+def start_sync(rank: int) -> dict:
+    """Ranks start with different bf16 weights under hccl-strict: npudist.ddp copies rank 0's, through
+    npudist's broadcast (the row takes no bf16, so each copy is adapted)."""
+    comm.set_profile("hccl-strict")
+    try:
+        torch.manual_seed(100 + rank)
+        model = Net().to(torch.bfloat16)
+        torch.manual_seed(100)
+        rank0 = Net().to(torch.bfloat16)  # what rank 0 built
+        comm.reset_stats()
+        mine = npudist.ddp(model)
+        s = comm.stats().get("broadcast")
+    finally:
+        comm.set_profile(None)
+    return {"differ": same_bits(params(rank0), params(mine)), "broadcasts": s.calls if s else 0,
+            "tensors": len(list(rank0.parameters())) + len(list(rank0.buffers())),
+            "adapted": sum(s.adaptations.values()) if s else 0}
+
+
 def refusals() -> dict[str, str]:
     """Options that cannot go through a comm hook: each raises before any communication."""
     from torch.nn.parallel.distributed import _MixedPrecision
@@ -211,6 +230,7 @@ def main() -> None:
         result["refusals"] = refusals()
         result["replaced"] = replaced_hook(ctx.rank)
     result["strict"] = strict_bf16(ctx.rank)
+    result["start_sync"] = start_sync(ctx.rank)
     with open(f"{out_dir}/rank{ctx.rank}.json", "w") as f:
         json.dump(result, f)
     if sys.argv[2:] == ["hang"]:

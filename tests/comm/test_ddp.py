@@ -98,6 +98,17 @@ def test_strict_bf16_trains_and_matches_an_fp32_reduction(world, two, three):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_start_up_copy_of_rank0_weights_goes_through_npudist(world, two, three):
+    ranks = two if world == 2 else three["ranks"]
+    for rank in range(world):
+        r = ranks[rank]["start_sync"]
+        assert r["differ"] == [], rank  # every rank now holds rank 0's bf16 weights, bit for bit
+        assert r["broadcasts"] == r["tensors"] == 4  # two Linear layers: weight and bias each
+        assert r["adapted"] >= 4  # bf16 is not in hccl-strict's copy row: each copy was adapted
+
+
+@pytest.mark.slow
 def test_options_a_hook_cannot_serve_are_refused_by_name(two):
     errors = two[0]["refusals"]
     assert errors["mixed_precision"].startswith("ValueError: npudist.ddp: the DDP option mixed_precision=")

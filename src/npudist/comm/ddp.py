@@ -13,6 +13,7 @@ averages in the wider dtype comm casts to and casts back once.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from types import MappingProxyType
@@ -123,6 +124,25 @@ def _refuse(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
                 "sparse=False or use plain DDP")
 
 
+_HAS_INIT_SYNC = "init_sync" in inspect.signature(DistributedDataParallel).parameters
+
+
+def _copy_rank0_states(model: torch.nn.Module, group: Any) -> None:
+    """DDP's start-up copy of rank 0's parameters and buffers, through npudist's adapting broadcast.
+
+    DDP would broadcast them with torch.distributed directly (``_sync_module_states``), which a backend row
+    may reject (bf16 under hccl-strict); the same tensors, skipping those DDP is told to ignore, go here.
+    """
+    import torch.distributed as dist
+
+    ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name not in ignored:
+                comm.broadcast(tensor.detach(), src=src, group=group)
+
+
 def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
     """``model`` on this rank's device inside DistributedDataParallel, its gradients reduced by npudist.
 
@@ -139,7 +159,11 @@ def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
     _refuse(model, ddp_kwargs)
     if ctx.device.type != "cpu":
         ddp_kwargs.setdefault("device_ids", [ctx.device])
-    wrapped = _NpudistDDP(model.to(ctx.device), **ddp_kwargs)
+    model = model.to(ctx.device)
+    if ddp_kwargs.get("init_sync", True) and _HAS_INIT_SYNC:
+        _copy_rank0_states(model, ddp_kwargs.get("process_group"))
+        ddp_kwargs["init_sync"] = False
+    wrapped = _NpudistDDP(model, **ddp_kwargs)
     if getattr(wrapped, "_use_python_reducer", False):
         raise ValueError(
             "npudist.ddp: torch._dynamo.config.optimize_ddp='python_reducer' calls comm hooks per parameter, "
