@@ -37,7 +37,7 @@ _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "init": ("npudist.runtime.lifecycle", "init"),
     "shutdown": ("npudist.runtime.lifecycle", "shutdown"),
 })
-_SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "infer", "ops",
+_SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "infer", "migrate", "ops",
                           "report", "runtime", "telemetry"})
 
 __all__ = [

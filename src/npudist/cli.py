@@ -106,6 +106,15 @@ def _add_deploy() -> None:
 _add_deploy()
 
 
+def _add_migrate() -> None:
+    from npudist.migrate.cli import app as migrate_app
+
+    app.add_typer(migrate_app, name="migrate", help="Port a CUDA training script: `npudist migrate check|fix PATH`.")
+
+
+_add_migrate()
+
+
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
 def exporter(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),
