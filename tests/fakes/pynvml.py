@@ -146,7 +146,7 @@ def nvmlDeviceGetPciInfo(h: FakeGpu) -> SimpleNamespace:
 
 
 def nvmlDeviceGetIndex(h: FakeGpu) -> int:
-    return GPUS.index(h)
+    return next(i for i, g in enumerate(GPUS) if g is h)  # FakeGpus with equal fields are equal
 
 
 def nvmlDeviceGetTotalEccErrors(h: FakeGpu, error_type: int, counter_type: int) -> int:

@@ -148,13 +148,15 @@ class AscendSweep(Source):
 
     def __init__(self, queries: Sequence[Query], health: CollectorHealth, *, name: str,
                  npu_smi: str = "npu-smi", hccn_tool: str | None = None, timeout: float = 5.0,
-                 stale_after_s: float = 120.0, chips: Sequence[Chip] | None = None) -> None:
+                 stale_after_s: float = 120.0, chips: Sequence[Chip] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.queries = tuple(queries)
         self.health = health
         self.binaries = {"npu-smi": npu_smi, "hccn_tool": hccn_tool or hccn_tool_binary()}
         self.timeout = timeout
         self.stale_after_s = stale_after_s
+        self.clock = clock
         self._chips = list(chips) if chips is not None else None
         self._npu_smi = NpuSmiSource(npu_smi, timeout)
         self._last: dict[tuple[str, Chip], tuple[float, list[Measurement]]] = {}
@@ -171,7 +173,6 @@ class AscendSweep(Source):
     def read(self) -> list[ChipMeasurements]:
         chips = self.chips()  # SourceError when npu-smi cannot list the chips: the poller counts it
         hung: set[str] = set()
-        now = time.monotonic()
         for query in self.queries:
             collector = f"{query.tool}:{query.name}"
             for chip in _targets(query, chips):
@@ -192,9 +193,9 @@ class AscendSweep(Source):
                     log.debug("%s on chip %s: %s", collector, chip, exc)
                     continue
                 with self._lock:
-                    self._last[(query.name, chip)] = (time.monotonic(), found)
+                    self._last[(query.name, chip)] = (self.clock(), found)
                 self.health.success(collector, time.monotonic() - began)
-        return self._assemble(chips, now)
+        return self._assemble(chips, self.clock())
 
     def _assemble(self, chips: list[Chip], now: float) -> list[ChipMeasurements]:
         by_npu = {c.npu: sorted((x for x in chips if x.npu == c.npu), key=lambda x: x.chip) for c in chips}
