@@ -15,8 +15,8 @@ from npudist.telemetry.exposition.node_exporter import ExporterError, build, col
 from npudist.telemetry.exposition.reliability_metrics import ReliabilityCollector
 from npudist.telemetry.exposition.selection import parse_selection
 from npudist.telemetry.sources.ascend_sweep import HCCN_QUERIES, NPU_SMI_QUERIES, AscendSweep, ascend_sweeps
-from npudist.telemetry.sources.poller import Poller
 from npudist.telemetry.sources.measurements import ChipMeasurements
+from npudist.telemetry.sources.poller import Poller
 
 
 def _serve(sweeps: list[AscendSweep], health: CollectorHealth, spec: str = "all") -> tuple[CollectorRegistry, list]:
