@@ -51,6 +51,9 @@ class NodeExporter:
 SWEEP_MIN_INTERVAL_S = 15.0
 """Reliability sweeps (dozens of tool calls per node) run at most this often: ECC counts, link state and
 optics change slowly, and npu-smi/hccn_tool are slow to start."""
+SERIES_BUDGET_PER_NODE = 1200
+"""Reliability series one node may serve with every collector on (8 chips: benchmarks/series_budget.py measures it
+and a test holds it); a site over budget switches families off with --collectors."""
 SWEEP_CALL_TIMEOUT_S = 5.0
 """Hard limit on one npu-smi/hccn_tool call of a sweep (then its process group is killed)."""
 
