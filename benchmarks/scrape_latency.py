@@ -1,10 +1,12 @@
-"""Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector, 20 concurrent scrapers.
+"""Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector (the reliability and
+network families too: 992 more series), 20 concurrent scrapers.
 
     python benchmarks/scrape_latency.py [--seconds 10] [--scrapers 20] [--period 0.25] [--hostile 300]
     python benchmarks/scrape_latency.py --ab 6 [--block 3] [--hostile 300]   # same-run A/B, see _ab
 
 The exporter runs in its own process (as in production, scrapers do not share its interpreter).
-Phases: the device source answering, then the same source hung (as a stuck npu-smi), each measured
+Phases: the device source answering, then the same source hung (as a stuck npu-smi, with the fake
+hccn_tool hanging under the real hccn_tool sweep, which kills it every 2 s), each measured
 paced (every scraper every --period s) and closed-loop (every scraper back to back, saturation);
 then both again with --hostile connections held open the whole time (half send a request line and
 idle, half trickle one header byte a second; each reconnects when the server cuts it off, as an
@@ -85,9 +87,59 @@ def _exporter(port_out: mp.Queue, hang: bool) -> None:
               AllocatorCollector(lambda: allocator, health, labels),
               CommCollector(health, labels, stats=lambda: comm)):
         reg.register(c)
+    for c in _reliability(health, hang):
+        reg.register(c)
     server = serve(reg, "127.0.0.1", 0)
     port_out.put(server.port)
     threading.Event().wait()
+
+
+def _reliability(health, hang: bool) -> list:
+    """Every reliability collector on for 8 chips: the fullest recorded answers (benchmarks/series_budget.py,
+    992 series) served from the last good sweep, and beside it the real hccn_tool sweep against the fake
+    hccn_tool; with --hang that tool hangs, so every sweep times out, kills its process group and skips."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from npudist.telemetry.exposition.node_exporter import collectors
+    from npudist.telemetry.exposition.reliability_metrics import ReliabilityCollector
+    from npudist.telemetry.exposition.selection import parse_selection
+    from npudist.telemetry.sources.ascend_sweep import HCCN_QUERIES, AscendSweep, Chip
+    from npudist.telemetry.sources.measurements import ChipMeasurements
+    from npudist.telemetry.sources.poller import Poller
+    from npudist.telemetry.sources.readings import Source
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from series_budget import full_chip
+
+    chip, nic = full_chip()
+    full = [m for i in range(8) for m in (ChipMeasurements("npu", i, 0, "", tuple(chip)),
+                                          ChipMeasurements("npu", i, 0, str(i), tuple(nic)))]
+
+    class LastGood(Source):
+        name, vendor, calls = "npu-smi-reliability", "npu", 0
+
+        def read(self):
+            self.calls += 1
+            if hang and self.calls > 1:
+                threading.Event().wait()
+            return full
+
+    shim = Path(tempfile.mkdtemp(prefix="npudist-bench-"))
+    (shim / "python3").symlink_to(sys.executable)
+    os.environ["PATH"] = os.pathsep.join([str(shim), str(root / "tests" / "fakes" / "bin"), os.environ["PATH"]])
+    os.environ["NPUDIST_FAKE_HCCN_MODE"] = "hang" if hang else "print"
+    hccn = AscendSweep(HCCN_QUERIES, health, name="hccn_tool", hccn_tool=str(root / "tests/fakes/bin/hccn_tool"),
+                       timeout=0.5, chips=[Chip(i, 0, i) for i in range(8)])
+    pollers = [Poller(LastGood(), health, interval_s=1.0, timeout_s=0.5, record=ChipMeasurements),
+               Poller(hccn, health, interval_s=2.0, timeout_s=2.0, record=ChipMeasurements)]
+    pollers[0].poll_once()
+    for p in pollers:
+        p.start()
+    return [ReliabilityCollector(pollers, health, parse_selection("all", collectors()), "bench")]
 
 
 async def _scrape(port: int) -> float:
@@ -97,8 +149,8 @@ async def _scrape(port: int) -> float:
     await writer.drain()
     body = await reader.read()
     writer.close()
-    if b"npudist_device_power_watts{" not in body:
-        raise RuntimeError("scrape lacks device metrics")
+    if b"npudist_device_power_watts{" not in body or b"npudist_link_optical_rx_power_watts{" not in body:
+        raise RuntimeError("scrape lacks device or reliability metrics")
     return time.perf_counter() - began
 
 
