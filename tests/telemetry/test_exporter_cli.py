@@ -65,6 +65,8 @@ def test_exporter_command_errors_name_the_problem():
     assert bad.exit_code == 2 and "unknown telemetry source 'gpu'" in bad.output
     bad = runner.invoke(app, ["exporter", "--interval", "soon"])
     assert bad.exit_code == 2 and "--interval 'soon'" in bad.output
+    bad = runner.invoke(app, ["exporter", "--collectors", "all,-opticals"])
+    assert bad.exit_code == 2 and "'-opticals' is neither a collector" in " ".join(bad.output.split())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

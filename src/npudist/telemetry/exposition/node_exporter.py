@@ -54,6 +54,9 @@ optics change slowly, and npu-smi/hccn_tool are slow to start."""
 SERIES_BUDGET_PER_NODE = 1200
 """Reliability series one node may serve with every collector on (8 chips: benchmarks/series_budget.py measures it
 and a test holds it); a site over budget switches families off with --collectors."""
+RENDER_MAX_AGE_S = 1.0
+"""A node exporter answers from a render at most this old (twice that while a fresh one renders): its data
+changes once per poll, and re-rendering ~1000 reliability series for each of many scrapers would not."""
 SWEEP_CALL_TIMEOUT_S = 5.0
 """Hard limit on one npu-smi/hccn_tool call of a sweep (then its process group is killed)."""
 
@@ -119,7 +122,7 @@ def start(listen: str, source: str, interval: str, collectors_spec: str | None =
     name = resolve_name(source)
     exporter = build([device_source], interval_s, sweeps=_sweeps(name, selection, SWEEP_CALL_TIMEOUT_S),
                      selection=selection)
-    exporter.server = serve(exporter.registry, host, port)
+    exporter.server = serve(exporter.registry, host, port, max_age_s=RENDER_MAX_AGE_S)
     for p in exporter.pollers:
         p.start()
     return exporter
