@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +25,7 @@ from npudist.telemetry.sources.measurements import ChipMeasurements, Measurement
 from npudist.telemetry.sources.npu_smi.reliability import parse_ecc, parse_health, parse_usages
 from npudist.telemetry.sources.npu_smi.source import NpuSmiSource
 from npudist.telemetry.sources.readings import ParseError, Source, SourceError
-from npudist.toolrun import run_tool
+from npudist.telemetry.sources.tool_call import call_tool
 
 log = logging.getLogger("npudist.telemetry")
 
@@ -115,23 +114,6 @@ def hccn_tool_binary() -> str:
     return HCCN_TOOL_DRIVER_PATH if os.access(HCCN_TOOL_DRIVER_PATH, os.X_OK) else "hccn_tool"
 
 
-def run_query(binary: str, args: Sequence[str], timeout: float) -> str:
-    """stdout of ``binary ARGS``; SourceError reason missing / timeout / exit_code."""
-    cmd = [binary, *args]
-    try:
-        proc = run_tool(cmd, timeout)
-    except FileNotFoundError:
-        raise SourceError("missing", f"{binary!r} not found (install the Ascend driver, which ships it)") from None
-    except subprocess.TimeoutExpired:
-        raise SourceError("timeout", f"`{' '.join(cmd)}` gave no answer within {timeout:g} s; killed") from None
-    except OSError as exc:
-        raise SourceError("missing", f"cannot run {binary!r}: {exc}") from None
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise SourceError("exit_code", f"`{' '.join(cmd)}` exited with {proc.returncode}: {detail[0][:200]}")
-    return proc.stdout
-
-
 def _targets(query: Query, chips: Iterable[Chip]) -> list[Chip]:
     if query.per != "npu":
         return list(chips)
@@ -181,7 +163,8 @@ class AscendSweep(Source):
                     continue
                 began = time.monotonic()
                 try:
-                    text = run_query(self.binaries[query.tool], query.args(chip), self.timeout)
+                    text = call_tool(self.binaries[query.tool], query.args(chip), self.timeout,
+                                     "install the Ascend driver, which ships it")
                     found = query.parse(text)
                 except SourceError as exc:
                     hung.update([query.tool] if exc.reason == "timeout" else [])

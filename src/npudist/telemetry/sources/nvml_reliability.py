@@ -17,12 +17,12 @@ A call the GPU does not support raises NVMLError (NOT_SUPPORTED): that family ha
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
 from typing import Any
 
 from npudist.telemetry.sources.measurements import ChipMeasurements, Measurement, m
+from npudist.telemetry.sources.nvml import start_nvml
 from npudist.telemetry.sources.readings import Source, SourceError
 
 NVML_COLLECTORS: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -74,19 +74,10 @@ class NvmlReliabilitySource(Source):
                            if selection is None or selection.any_on(fams)]
 
     def _module(self) -> ModuleType:
-        if self._nvml is None:
-            try:
-                self._nvml = importlib.import_module("pynvml")
-            except ImportError:
-                raise SourceError("missing", "Python package 'pynvml' is not installed: "
-                                  "pip install nvidia-ml-py (or npudist[nvidia])") from None
         if not self._started:
-            try:
-                self._nvml.nvmlInit()
-            except Exception as exc:
-                raise SourceError("missing", f"NVML could not start (is the NVIDIA driver loaded?): {exc}") from None
+            self._nvml = start_nvml(self._nvml)
             self._started = True
-        return self._nvml
+        return self._nvml  # type: ignore[return-value]
 
     def read(self) -> list[ChipMeasurements]:
         nvml = self._module()
