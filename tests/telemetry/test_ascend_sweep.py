@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +18,13 @@ from npudist.telemetry.exposition.selection import parse_selection
 from npudist.telemetry.sources.ascend_sweep import HCCN_QUERIES, NPU_SMI_QUERIES, AscendSweep, ascend_sweeps
 from npudist.telemetry.sources.measurements import ChipMeasurements
 from npudist.telemetry.sources.poller import Poller
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # it exited meanwhile
+        return ""
 
 
 def _serve(sweeps: list[AscendSweep], health: CollectorHealth, spec: str = "all") -> tuple[CollectorRegistry, list]:
@@ -70,6 +78,8 @@ def test_hung_hccn_tool_is_killed_counted_and_skipped_and_scrapes_stay_fast(asce
     began = time.monotonic()
     poller.poll_once()
     assert time.monotonic() - began < 15  # one timeout, not one per chip and query
+    leftover = [c for c in psutil.Process().children(recursive=True) if "hccn_tool" in _cmdline(c)]
+    assert leftover == []  # the hung call was killed with its process group, not left sleeping
     errors = health.errors("hccn_tool:link")
     assert errors == {"timeout": 1, "skipped": 1}  # chip 1's link call skipped after chip 0's timed out
     assert health.errors("hccn_tool:optical") == {"skipped": 2}
