@@ -30,7 +30,37 @@ def test_issue_metric_names_are_all_catalogued():
         # issue 15: checkpoints
         "npudist_checkpoint_snapshot_duration_seconds", "npudist_checkpoint_write_duration_seconds",
         "npudist_checkpoint_bytes_total", "npudist_checkpoint_inflight", "npudist_checkpoint_waits_total",
-        "npudist_checkpoint_failures_total"]
+        "npudist_checkpoint_failures_total",
+        # issue 25: reliability and network (Ascend npu-smi/hccn_tool, NVIDIA NVML)
+        "npudist_device_ecc_corrected_errors_total", "npudist_device_ecc_uncorrected_errors_total",
+        "npudist_device_ecc_aggregate_corrected_errors_total",
+        "npudist_device_ecc_aggregate_uncorrected_errors_total", "npudist_device_memory_retired_pages",
+        "npudist_device_memory_pending_retirement_pages", "npudist_device_memory_retirement_pending",
+        "npudist_device_memory_remapped_rows", "npudist_device_memory_remap_pending",
+        "npudist_device_memory_remap_failed", "npudist_device_xid_errors_total",
+        "npudist_device_clock_throttle_active", "npudist_device_alarm_level", "npudist_device_error_codes",
+        "npudist_device_error_code_info", "npudist_device_aivector_utilization_ratio",
+        "npudist_device_aicube_utilization_ratio", "npudist_device_aicpu_utilization_ratio",
+        "npudist_device_ctrlcpu_utilization_ratio", "npudist_device_overall_utilization_ratio",
+        "npudist_device_hbm_bandwidth_utilization_ratio", "npudist_device_ddr_bandwidth_utilization_ratio",
+        "npudist_link_up", "npudist_link_up_events_total", "npudist_link_down_events_total",
+        "npudist_link_speed_bytes_per_second", "npudist_link_net_healthy", "npudist_link_net_health_info",
+        "npudist_link_info", "npudist_link_pause_frames_total", "npudist_link_pfc_frames_total",
+        "npudist_link_pfc_priority_frames_total", "npudist_link_mac_packets_total", "npudist_link_mac_bytes_total",
+        "npudist_link_mac_bad_packets_total", "npudist_link_mac_bad_bytes_total",
+        "npudist_link_mac_fcs_errors_total", "npudist_link_roce_packets_total", "npudist_link_roce_rc_packets_total",
+        "npudist_link_roce_error_packets_total", "npudist_link_roce_cnp_packets_total",
+        "npudist_link_roce_completions_total", "npudist_link_roce_retransmits_total",
+        "npudist_link_roce_ecn_marked_packets_total", "npudist_link_roce_verification_errors_total",
+        "npudist_link_roce_unexpected_acks_total", "npudist_link_roce_out_of_order_packets_total",
+        "npudist_link_roce_qp_status_errors_total", "npudist_link_nic_packets_total", "npudist_link_nic_bytes_total",
+        "npudist_link_optical_present", "npudist_link_optical_temperature_celsius",
+        "npudist_link_optical_supply_voltage_volts", "npudist_link_optical_tx_power_watts",
+        "npudist_link_optical_rx_power_watts", "npudist_link_optical_tx_bias_amperes",
+        "npudist_link_optical_media_snr_decibels", "npudist_link_optical_host_snr_decibels",
+        "npudist_link_optical_signal_lost", "npudist_link_optical_lock_lost",
+        "npudist_link_optical_temperature_limit_celsius", "npudist_link_optical_supply_voltage_limit_volts",
+        "npudist_link_optical_tx_power_limit_watts", "npudist_link_optical_rx_power_limit_watts"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"

@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.sources.readings import DeviceReading, ParseError, Source, SourceError
@@ -23,7 +24,7 @@ log = logging.getLogger("npudist.telemetry")
 
 @dataclass(frozen=True)
 class Snapshot:
-    readings: tuple[DeviceReading, ...]
+    readings: tuple[Any, ...]
     """Readings of the last successful read (empty before the first one)."""
     success_at: float | None
     """time.time() of the last successful read."""
@@ -63,10 +64,13 @@ class Poller:
     """Polls one Source every ``interval_s`` seconds, each read bounded by ``timeout_s``."""
 
     def __init__(self, source: Source, health: CollectorHealth, *, interval_s: float = 5.0,
-                 timeout_s: float | None = None, stale_after_s: float | None = None) -> None:
+                 timeout_s: float | None = None, stale_after_s: float | None = None,
+                 record: type = DeviceReading) -> None:
         if not interval_s > 0:
             raise ValueError(f"poll interval must be positive, got {interval_s} s")
         self.source = source
+        self.record = record
+        """What read() returns a list of: DeviceReading, or ChipMeasurements for the reliability sweeps."""
         self.name = getattr(source, "name", type(source).__name__)
         self.health = health
         self.interval_s = float(interval_s)
@@ -74,7 +78,7 @@ class Poller:
         self.stale_after_s = (stale_after_s if stale_after_s is not None
                               else 3 * self.interval_s + self.timeout_s)
         self._lock = threading.Lock()
-        self._readings: tuple[DeviceReading, ...] = ()
+        self._readings: tuple[Any, ...] = ()
         self._success_at: float | None = None
         self._last_ok = False
         self._pending: _Read | None = None
@@ -100,8 +104,8 @@ class Poller:
         if isinstance(result, BaseException):
             self._fail(_reason(result), f"{type(result).__name__}: {result}", duration)
             return False
-        if not isinstance(result, list | tuple) or not all(isinstance(r, DeviceReading) for r in result):
-            self._fail("error", f"read() returned {type(result).__name__}, not a list of DeviceReading",
+        if not isinstance(result, list | tuple) or not all(isinstance(r, self.record) for r in result):
+            self._fail("error", f"read() returned {type(result).__name__}, not a list of {self.record.__name__}",
                        duration)
             return False
         with self._lock:
