@@ -106,6 +106,15 @@ def _add_deploy() -> None:
 _add_deploy()
 
 
+def _add_edge() -> None:
+    from npudist.edge.cli import app as edge_app
+
+    app.add_typer(edge_app, name="edge", help="Rockchip NPU models: `npudist edge convert --help`.")
+
+
+_add_edge()
+
+
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
 def exporter(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from npudist.infer.collective import _all_reduce, world
 from npudist.infer.combine import check_combine, contribution, finish
-from npudist.infer.runners import RKNNLiteRunner, TorchRunner, select_runner
+from npudist.infer.runners import Runner, select_runner
 
 # Commands rank 0 sends to followers in the request header [command, batch, features].
 _STOP, _PREDICT, _IDLE = 0, 1, 2
@@ -64,7 +64,7 @@ class EnsembleStats:
 class EnsembleServer:
     """This rank's member plus the rules to combine it with the others'."""
 
-    runner: TorchRunner | RKNNLiteRunner
+    runner: Runner
     num_classes: int
     input_features: int | None = None
     """Service mode: the feature count every request must have; None for any 2-D batch."""
@@ -158,14 +158,14 @@ class EnsembleServer:
             served += 1
 
 
-def ensemble_predict(model: nn.Module | TorchRunner | RKNNLiteRunner, batch: Tensor, *,
+def ensemble_predict(model: nn.Module | Runner, batch: Tensor, *,
                      combine: str = "mean_probs", num_classes: int | None = None) -> EnsembleResult:
     """Every rank calls this with its own member and the same batch; all get the combined prediction.
 
     With ``num_classes`` given, a member failure raises EnsembleError on every rank; without it the
     class count comes from this rank's output, so a failure there is raised on this rank only.
     """
-    runner = model if isinstance(model, TorchRunner | RKNNLiteRunner) else select_runner(model)
+    runner = select_runner(model) if isinstance(model, nn.Module) else model
     if num_classes is None:
         num_classes = int(runner(batch[:1]).shape[-1])
     return EnsembleServer(runner, num_classes, combine=combine).predict(batch)
