@@ -2,7 +2,7 @@
 # rknn-toolkit2's own environment: `npudist edge convert` and the RKNN simulator run in it.
 # Usage: scripts/rknn-env.sh [VENV]   (default .venv-rknn; RKNN_PYTHON picks the CPython 3.11 to build it from)
 # torch first (NPUDIST_TORCH, default torch==2.13.0, the CPU build), then the exact working set with --no-deps
-# (requirements/rknn-toolkit.txt says which of the toolkit's pins it overrides and why), then this checkout.
+# (requirements/rknn-toolkit.txt says which of the toolkit's pins it overrides and why), then this checkout's src on its path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-rknn}
@@ -16,8 +16,10 @@ rm -rf "$VENV"
 "$RKNN_PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet "${NPUDIST_TORCH:-torch==2.13.0}"
 "$VENV/bin/python" -m pip install --quiet --no-deps -r requirements/rknn-toolkit.txt
-# The checkout itself, without its dependencies (they are in the list above) and without fetching a build backend.
-"$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+# This checkout's source on the venv's path: no build, so it cannot race another venv's build of the checkout
+# (.ci/run makes this one while the demo installs npudist), and edits show at once, as with `pip install -e`.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/src" > "$site/npudist-checkout.pth"
 "$VENV/bin/python" -c 'from rknn.api import RKNN; import npudist.edge' \
   || { echo "rknn-env: the toolkit does not import in $VENV" >&2; exit 1; }
 echo "rknn-env: $VENV ready; run $VENV/bin/python -m npudist edge convert --help"

@@ -184,7 +184,14 @@ def _reference(model: Any, onnx_path: str, samples: np.ndarray) -> np.ndarray:
 
     session = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    return np.asarray(session.run(None, {name: samples})[0], dtype=np.float32)
+    batch = session.get_inputs()[0].shape[0]
+    batch = batch if isinstance(batch, int) and batch > 0 else len(samples)  # a fixed batch: chunks, last padded
+    outs = []
+    for start in range(0, len(samples), batch):
+        chunk = samples[start:start + batch]
+        padded = np.concatenate([chunk, np.zeros((batch - len(chunk), *chunk.shape[1:]), np.float32)])
+        outs.append(np.asarray(session.run(None, {name: padded})[0], dtype=np.float32)[:len(chunk)])
+    return np.concatenate(outs)
 
 
 def convert(model: Any, out: str | Path, *, input_shape: Sequence[int] | None = None, target: str = "rk3588",

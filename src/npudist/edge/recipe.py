@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-# Platforms rknn-toolkit2 2.5.0 builds for that npudist offers (RKNN.config(target_platform=...); the
-# toolkit's doc/02_Rockchip_RKNPU_User_Guide_RKNN_SDK_V2.5.0 lists them). Value: NPU cores on the SoC.
+# Platforms npudist offers for RKNN.config(target_platform=...): each one built and run in rknn-toolkit2
+# 2.5.0's simulator (tests/edge/test_rknn_toolkit.py). Value: NPU cores on the SoC.
 TARGETS = MappingProxyType({"rk3588": 3, "rk3576": 2, "rk3566": 1})
 # fp16: the toolkit's float build (config float_dtype='float16'); int8: w8a8 quantised with a calibration set.
 DTYPES = ("fp16", "int8")

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from npudist.infer.collective import _all_reduce, world
 from npudist.infer.combine import check_combine, contribution, finish
 from npudist.infer.runners import Runner, select_runner
+from npudist.telemetry.job.histogram import STEP_BUCKETS, Histogram
 
 # Commands rank 0 sends to followers in the request header [command, batch, features].
 _STOP, _PREDICT, _IDLE = 0, 1, 2
@@ -54,10 +55,19 @@ class EnsembleResult:
 
 @dataclass
 class EnsembleStats:
+    """This rank's figures; npudist.telemetry.job.edge_metrics.EdgeCollector exports them."""
+
     requests: int = 0
     errors: int = 0
+    """Requests where any member failed (every rank counts them)."""
     compute_seconds: float = 0.0
     aggregate_seconds: float = 0.0
+    member_failures: int = 0
+    """Requests where this rank's own member failed."""
+    inference: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
+    """This rank's member, input to logits, per request (failed ones too: a timeout is a latency)."""
+    runtime: str = ""
+    core_mask: str = ""
 
 
 @dataclass
@@ -73,6 +83,7 @@ class EnsembleServer:
     stats: EnsembleStats = field(default_factory=EnsembleStats)
 
     def __post_init__(self) -> None:
+        self.stats.runtime, self.stats.core_mask = self.runner.kind, self.runner.core_mask
         check_combine(self.combine)
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be at least 1, got {self.num_classes}")
@@ -99,6 +110,8 @@ class EnsembleServer:
             failure = f"{type(exc).__name__}: {exc}"
             part = torch.zeros(n, self.num_classes)
         compute = time.perf_counter() - start
+        self.stats.inference.observe(compute)
+        self.stats.member_failures += bool(failure)
         tail = torch.tensor([1.0 if failure else 0.0, compute])
         payload = torch.cat([part.reshape(-1), tail])
         start = time.perf_counter()
