@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import npudist
+import npudist.telemetry
 from npudist.infer import EnsembleResult, EnsembleServer, Runner, ensemble_predict, gather_floats, select_runner
 from npudist.infer.combine import COMBINES
 
@@ -180,13 +182,24 @@ def main(argv: list[str] | None = None) -> None:
             from npudist.infer.http import serve
 
             server = EnsembleServer(runner, args.classes, input_features=args.features, combine=args.combine)
+            telemetry = None
+            if os.environ.get("NPUDIST_METRICS_PORT"):  # `npudist launch --metrics-port P`: rank r on P + r
+                from npudist.telemetry.job.edge_metrics import EdgeCollector
+
+                telemetry = npudist.telemetry.serve_rank_metrics(ctx, device_source=None)
+                telemetry.registry.register(EdgeCollector(telemetry.health, telemetry.training.labels,
+                                                          lambda: server.stats))
 
             def ready(port: int) -> None:
                 if args.port_file:
                     args.port_file.write_text(str(port))
                 print(f"serving on http://{args.host}:{port}/predict", flush=True)
 
-            serve(server, args.host, args.port, allow_shutdown=args.allow_shutdown, on_ready=ready)
+            try:
+                serve(server, args.host, args.port, allow_shutdown=args.allow_shutdown, on_ready=ready)
+            finally:
+                if telemetry is not None:
+                    telemetry.close()
     finally:
         npudist.shutdown()
 
