@@ -53,8 +53,7 @@ def test_member_converts_in_fp16_and_int8_and_keeps_its_accuracy(tmp_path: Path)
     assert rows["int8"]["top1_agreement"] >= 0.98
 
 
-@pytest.mark.parametrize("target", ["rk3576", "rk3566"])
-def test_onnx_input_for_the_other_targets(tmp_path: Path, target: str) -> None:
+def test_onnx_input_for_the_other_targets(tmp_path: Path) -> None:
     onnx_file = tmp_path / "mlp.onnx"
     export = subprocess.run(
         [RKNN_PYTHON, "-c", "import sys, torch; from npudist.edge.convert import export_onnx; torch.manual_seed(0); "
@@ -62,13 +61,15 @@ def test_onnx_input_for_the_other_targets(tmp_path: Path, target: str) -> None:
          "(4, 8), __import__('pathlib').Path(sys.argv[1]))", str(onnx_file)],
         env=child_env(), text=True, capture_output=True, timeout=120, check=False)
     assert export.returncode == 0, export.stderr[-2000:]
-    proc = _npudist(["edge", "convert", str(onnx_file), "--target", target, "-o", str(tmp_path / "mlp.rknn")],
-                    tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "vs onnxruntime fp32" in proc.stdout
-    accuracy = json.loads((tmp_path / "mlp.rknn.json").read_text())["accuracy"]
-    assert accuracy["max_abs_error"] < 5e-3  # measured 4.1e-4 on 64 standard-normal inputs (fp16)
-    assert accuracy["top1_agreement"] == 1.0
+    for target in ("rk3576", "rk3566"):
+        out = tmp_path / f"mlp-{target}.rknn"
+        proc = _npudist(["edge", "convert", str(onnx_file), "--target", target, "-o", str(out)], tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f"on {target}: simulator vs onnxruntime fp32" in proc.stdout
+        recipe = json.loads(Path(f"{out}.json").read_text())
+        assert recipe["target"] == target and recipe["input_shape"] == [4, 8]  # the ONNX file's own shape
+        assert recipe["accuracy"]["max_abs_error"] < 5e-3  # measured 4.1e-4 on 64 standard-normal inputs (fp16)
+        assert recipe["accuracy"]["top1_agreement"] == 1.0
 
 
 def test_an_unconvertible_op_is_named_with_the_toolkits_message(tmp_path: Path) -> None:
