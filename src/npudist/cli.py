@@ -113,6 +113,13 @@ def _add_migrate() -> None:
 
 
 _add_migrate()
+def _add_edge() -> None:
+    from npudist.edge.cli import app as edge_app
+
+    app.add_typer(edge_app, name="edge", help="Rockchip NPU models: `npudist edge convert --help`.")
+
+
+_add_edge()
 
 
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")

@@ -60,7 +60,10 @@ def test_issue_metric_names_are_all_catalogued():
         "npudist_link_optical_media_snr_decibels", "npudist_link_optical_host_snr_decibels",
         "npudist_link_optical_signal_lost", "npudist_link_optical_lock_lost",
         "npudist_link_optical_temperature_limit_celsius", "npudist_link_optical_supply_voltage_limit_volts",
-        "npudist_link_optical_tx_power_limit_watts", "npudist_link_optical_rx_power_limit_watts"]
+        "npudist_link_optical_tx_power_limit_watts", "npudist_link_optical_rx_power_limit_watts",
+        # issue 26: edge inference (latency histogram and failures per rank, the NPU core mask in use)
+        "npudist_edge_inference_duration_seconds", "npudist_edge_inference_failures_total",
+        "npudist_edge_runtime_info"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"

@@ -278,6 +278,16 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("npudist_checkpoint_failures_total", "counter", "",
               "Checkpoint writes that failed (full disk, permissions, ...); the previous checkpoint stays "
               "the newest good one.", RANK_LABELS, "npudist.checkpoint.stats()"),
+    MetricDef("npudist_edge_inference_duration_seconds", "histogram", "seconds",
+              "Time this rank's ensemble member takes from input to logits (one request's batch).",
+              (*RANK_LABELS, "runtime", "core_mask"), "EnsembleServer.stats (npudist.infer)"),
+    MetricDef("npudist_edge_inference_failures_total", "counter", "",
+              "Requests this rank's ensemble member failed (the runtime returned nothing, raised, or the "
+              "wrong shape).", (*RANK_LABELS, "runtime", "core_mask"), "EnsembleServer.stats (npudist.infer)"),
+    MetricDef("npudist_edge_runtime_info", "gauge", "",
+              "Always 1; labels name this rank's member runtime (torch, rknnlite, rknn-sim) and the NPU "
+              "core mask it runs with (auto, 0, 0_1, 0_1_2, all; none off an NPU).",
+              (*RANK_LABELS, "runtime", "core_mask"), "EnsembleServer.stats (npudist.infer)"),
     MetricDef("npudist_collector_errors_total", "counter", "",
               "Failed reads by collector and reason (timeout, exit_code, parse, missing, config, error).",
               ("collector", "reason"), "exporter self-monitoring"),
