@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from npudist.edge import Recipe
+from npudist.edge.build import name_op, toolkit_message
 from npudist.edge.cli import SpecError, load_callable, parse_kwargs
-from npudist.edge.convert import accuracy, load_samples, name_op, toolkit_message, write_dataset
+from npudist.edge.convert import accuracy, load_samples, write_dataset
 from tests.conftest import REPO, child_env, run_npudist
 
 # The toolkit's own words for a Unique node (rknn-toolkit2 2.5.0, load_onnx then build on a 1x8 input).

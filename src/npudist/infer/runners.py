@@ -137,7 +137,7 @@ class RKNNSimulatorRunner(_RKNNRunner):
     core_mask = "simulator"
 
     def __init__(self, recipe: Recipe | str, *, built: Any = None) -> None:
-        from npudist.edge.convert import build
+        from npudist.edge.build import build
 
         self.recipe = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
         self.path = str(recipe) if isinstance(recipe, str) else self.recipe.onnx

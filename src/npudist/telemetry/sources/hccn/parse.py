@@ -99,7 +99,7 @@ def _direction_counters() -> dict[str, tuple[str, dict[str, str]]]:
     return table
 
 
-STAT_COUNTERS: Mapping[str, tuple[str, dict[str, str]]] = MappingProxyType({
+STAT_COUNTERS: Mapping[str, tuple[str, Mapping[str, str]]] = v.frozen({
     **_direction_counters(),
     "mac_rx_fcs_err_pkt_num": ("npudist_link_mac_fcs_errors_total", {}),
     "roce_cqe_num": ("npudist_link_roce_completions_total", {}),
@@ -155,7 +155,7 @@ def _quantity(raw: str, scale: Mapping[str, float], default: str) -> float | Non
     return v.finite(number * scale[unit]) if unit in scale else None
 
 
-_OPTICAL_SCALAR: Mapping[str, tuple[str, Mapping[str, float], str, dict[str, str]]] = MappingProxyType({
+_OPTICAL_SCALAR: Mapping[str, tuple[str, Mapping[str, float], str, Mapping[str, str]]] = v.frozen({
     # printed key -> (family, unit scale to base, unit when none printed, labels)
     "temperature": ("npudist_link_optical_temperature_celsius", {"c": 1.0}, "c", {}),
     "vcc": ("npudist_link_optical_supply_voltage_volts", {"mv": 1e-3, "v": 1.0}, "mv", {}),
@@ -171,7 +171,7 @@ _OPTICAL_SCALAR: Mapping[str, tuple[str, Mapping[str, float], str, dict[str, str
     "rxpower low thres": ("npudist_link_optical_rx_power_limit_watts", _POWER_TO_WATTS, "mw", {"limit": "low"}),
 })
 _OPTICAL_LANE = re.compile(r"^(tx power|rx power|tx bias|media snr lane|host snr lane)\s*(\d)$")
-_OPTICAL_LANE_FAMILIES: Mapping[str, tuple[str, Mapping[str, float], str]] = MappingProxyType({
+_OPTICAL_LANE_FAMILIES: Mapping[str, tuple[str, Mapping[str, float], str]] = v.frozen({
     "tx power": ("npudist_link_optical_tx_power_watts", _POWER_TO_WATTS, "mw"),
     "rx power": ("npudist_link_optical_rx_power_watts", _POWER_TO_WATTS, "mw"),
     "tx bias": ("npudist_link_optical_tx_bias_amperes", {"ma": 1e-3, "a": 1.0}, "ma"),

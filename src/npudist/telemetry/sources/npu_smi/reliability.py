@@ -23,7 +23,7 @@ from npudist.telemetry.sources.measurements import Measurement, m
 from npudist.telemetry.sources.npu_smi.kv import normalise_key, parse_kv_blocks
 from npudist.telemetry.sources.readings import ParseError
 
-_ECC_FAMILIES: Mapping[str, tuple[str, dict[str, str]]] = MappingProxyType({
+_ECC_FAMILIES: Mapping[str, tuple[str, Mapping[str, str]]] = v.frozen({
     # printed counter (after the memory prefix) -> (family, its labels). Single-bit errors are the ones ECC
     # corrects, double-bit ones it only detects: NVML's corrected/uncorrected split, so both vendors share
     # the families. "Aggregate Total" survives reboots; the plain count is since the driver loaded.
