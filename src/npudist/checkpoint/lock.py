@@ -140,9 +140,11 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock | None:
 
     Call on every rank after ``npudist.init()`` (it is a collective when a process group exists).
     Returns the held lock on rank 0, None on the others; raises RunDirBusy on every rank when
-    another live job holds the directory.
+    another live job holds the directory. The process's Runtime owns the lock: ``npudist.shutdown()``
+    releases it last, after the last checkpoint write and the other ranks' end (runtime.state.CLOSE_ORDER).
     """
     from npudist.comm import control
+    from npudist.runtime.state import current
 
     lock, outcome = None, [None]
     if control.rank() == 0:
@@ -157,4 +159,6 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock | None:
     if outcome[0] is not None:
         kind, message = outcome[0]
         raise (RunDirBusy if kind == "busy" else CheckpointError)(message)
+    if lock is not None:
+        current().own("run_dir_locks", lock.release)
     return lock
