@@ -9,9 +9,6 @@ two real ranks on it take the run-dir lock, save checkpoints and shut down throu
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -20,16 +17,10 @@ import torch.distributed as dist
 
 from npudist.checkpoint import RunDirLock
 from npudist.comm import control
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO, run_ranks
 
 RANK = str(REPO / "tests" / "comm" / "rank_control.py")
 REFUSAL = "No backend type associated with device type cpu"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +31,10 @@ def ranks(tmp_path_factory) -> list[dict]:
     out.mkdir()
     holder = RunDirLock(busy)  # another job's lock: both ranks must hear rank 0's refusal
     holder.acquire()
-    port = _free_port()
     try:
-        procs = [subprocess.Popen(
-            [sys.executable, RANK, str(out), str(run_dir), str(busy)], cwd=REPO, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=child_env({"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": str(port)}, pythonpath=[REPO]))
-            for r in (0, 1)]
-        logs = [p.communicate(timeout=180)[0] for p in procs]
+        run_ranks(RANK, [str(out), str(run_dir), str(busy)], pythonpath=[REPO])
     finally:
         holder.release()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, logs[r][-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

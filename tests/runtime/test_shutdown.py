@@ -8,22 +8,13 @@ metrics port refuses connections, the run log has its closing record and the loc
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO, run_ranks
 
 pytestmark = pytest.mark.slow
 RANK = str(REPO / "tests" / "runtime" / "rank_shutdown.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +22,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     root = tmp_path_factory.mktemp("shutdown")
     out, run_dir = root / "out", root / "run"
     out.mkdir()
-    port = _free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, RANK, str(out), str(run_dir)], cwd=REPO, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=child_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NPUDIST_METRICS_PORT": "0"}))
-        for r in (0, 1)]
-    logs = [p.communicate(timeout=180)[0] for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, logs[r][-3000:]
+    run_ranks(RANK, [str(out), str(run_dir)], env={"NPUDIST_METRICS_PORT": "0"})
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
