@@ -119,7 +119,10 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     rank, local_rank = (ctx.rank, ctx.local_rank) if ctx is not None else (0, 0)
     device_type = ctx.device.type if ctx is not None else "cpu"
     health = CollectorHealth()
-    runtime = current()  # the Runtime owns what this starts: shutdown() closes it (CLOSE_ORDER)
+    try:
+        runtime = current()  # the Runtime owns what this starts: shutdown() closes it (CLOSE_ORDER)
+    except SettingsError as exc:
+        raise ExporterError(str(exc)) from None
     source = _device_source(device_source) if device_source is not None else None
     device = None
     if source is not None:
