@@ -19,6 +19,8 @@ import torch.distributed as dist  # noqa: E402
 
 import npudist  # noqa: E402
 from npudist import checkpoint  # noqa: E402
+from npudist.infer import ensemble_predict  # noqa: E402
+from npudist.infer.ensemble import gather_floats  # noqa: E402
 
 
 def control():  # imported when used, so the checkpoint steps also run (and fail) on a tree without the door
@@ -39,6 +41,8 @@ steps = [
     ("any_rank", lambda: control().any_rank(rank == 1)),
     ("from_rank", lambda: control().from_rank(rank == 0)),
     ("gather_rows", lambda: control().gather_rows([float(rank), 0.5])),
+    ("ensemble", lambda: ensemble_predict(torch.nn.Linear(4, 3), torch.ones(2, 4), num_classes=3).world_size),
+    ("gather_floats", lambda: gather_floats(float(rank))),
     ("shutdown", npudist.shutdown),
 ]
 dist.init_process_group(device_only.BACKEND)

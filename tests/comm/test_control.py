@@ -3,7 +3,7 @@
 HCCL and NCCL groups refuse CPU tensors ("No backend type associated with device type cpu"), so a flag
 sent as a CPU tensor kills the first NPU job at its first synchronous checkpoint. ``fakeccl``
 (tests/fakes/device_only.py) is registered for the ``fakedev`` device alone and refuses the same way;
-two real ranks on it take the run-dir lock, save checkpoints and shut down through the door.
+two real ranks on it take the run-dir lock, save checkpoints, run an ensemble and shut down through the door.
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ def test_the_lock_outcome_reaches_every_rank_on_a_device_only_backend(ranks, ran
 @pytest.mark.parametrize("rank", [0, 1])
 def test_checkpoint_save_agrees_on_failures_over_the_groups_device(ranks, rank):
     rec = ranks[rank]
-    saved = _ok(rec, "save")
-    assert saved.endswith("step-00000001") if rank == 0 else saved == "None"
-    assert _ok(rec, "save_async").endswith("step-00000002") if rank == 0 else True
+    saved, saved_async = _ok(rec, "save"), _ok(rec, "save_async")
+    if rank == 0:  # rank 0 writes plain state and returns the directory
+        assert saved.endswith("/step-00000001") and saved_async.endswith("/step-00000002")
+    else:
+        assert (saved, saved_async) == ("None", "None")
 
 
 @pytest.mark.slow
@@ -71,6 +73,13 @@ def test_the_door_sends_control_tensors_on_the_groups_device(ranks, rank):
     assert _ok(rec, "gather_rows") == [[[0.0, 0.5], [1.0, 0.5]], rank]
     assert _ok(rec, "shutdown") is None  # the shutdown barrier went through the door too
     assert rec["initialized_after"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_ensemble_sends_its_host_tensors_on_the_groups_device(ranks, rank):
+    assert _ok(ranks[rank], "ensemble") == 2
+    assert _ok(ranks[rank], "gather_floats") == [0.0, 1.0]
 
 
 def test_gloo_keeps_control_data_on_the_host_without_another_group():
