@@ -59,7 +59,8 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        self.front.close()
+        """Stop serving: the port is closed and the server's threads have ended when this returns."""
+        self.front.close(wait=True)
 
 
 class _NameFilter:

@@ -93,8 +93,10 @@ class Poller:
             read = None  # a late answer from an abandoned read: stale, start afresh
         if read is None:
             read = _Read(self.source)
-        if not read.done.wait(self.timeout_s):
+        if not self._wait(read):
             self._pending = read
+            if self._stop.is_set():
+                return False  # stopped, not timed out: nothing to count
             self._fail("timeout", f"read still running after {time.monotonic() - read.started:.1f} s",
                        time.monotonic() - read.started)
             return False
@@ -114,6 +116,14 @@ class Poller:
             self._last_ok = True
         self.health.success(self.name, duration, self._success_at)
         self._logged.clear()
+        return True
+
+    def _wait(self, read: _Read) -> bool:
+        """Wait up to timeout_s for ``read``; stop() cuts the wait short (checked every 50 ms)."""
+        deadline = time.monotonic() + self.timeout_s
+        while not read.done.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if self._stop.is_set() or time.monotonic() >= deadline:
+                return False
         return True
 
     def _fail(self, reason: str, detail: str, duration: float) -> None:
@@ -151,10 +161,17 @@ class Poller:
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """End the polling thread and wait up to ``timeout_s`` in all for it and for a read in flight. A
+        read still running after that (a vendor tool stuck in the driver) is left to its own timeout:
+        Python cannot stop a thread."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        read = self._pending
+        if read is not None:
+            read.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def finite(value: float | None) -> bool:
