@@ -2,6 +2,7 @@
 a step saved again always has one complete copy, and a write killed midway leaves nothing behind."""
 
 import errno
+import json
 import logging
 import os
 import signal
@@ -136,3 +137,67 @@ def test_a_write_killed_in_the_background_leaves_no_debris_after_the_next_save(t
     assert checkpoint.list_checkpoints(tmp_path) == []
     checkpoint.save({"w": torch.ones(2)}, tmp_path, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002"]
+
+
+def _two_ranks_meet_failures(tmp_path, run_dir, mode):
+    proc = subprocess.Popen([sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2",
+                             str(REPO / "tests/checkpoint/failure_probe.py"), str(tmp_path), str(run_dir), mode],
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=240)  # a rank left waiting in a collective would hang here
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started, nothing else
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, out[-4000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _assert_failed_cleanly(ranks, run_dir, errno_name, what):
+    zero, one = ranks
+    # Every rank raises the same CheckpointError, naming the errno and the file, and what is intact.
+    assert zero["sync"] == one["sync"]
+    assert zero["sync"].startswith("CheckpointError: could not save checkpoint step 2: ")
+    assert what in zero["sync"] and f"({errno_name} writing {run_dir}/.tmp-step-00000002/state.pt)" in zero["sync"]
+    assert "the previous checkpoint (step 1) is untouched" in zero["sync"]
+    assert zero["async"].startswith("CheckpointError: could not save checkpoint step 3: ") and \
+        errno_name in zero["async"]
+    assert zero["tmp_after_sync"] == one["tmp_after_sync"] == [] and zero["tmp_after_async"] == []
+    assert [r["all_reduce"] for r in ranks] == [2.0, 2.0]  # the job went on, its collectives in step
+    assert [r["after"] for r in ranks] == ["no error"] * 2 and [r["checkpoints"] for r in ranks] == [[4]] * 2
+
+
+@pytest.mark.slow
+def test_a_real_file_size_limit_is_one_checkpoint_error_on_every_rank_and_the_job_goes_on(tmp_path):
+    """torch.save meets a real EFBIG (RLIMIT_FSIZE) and reports it as RuntimeError('unexpected pos')."""
+    run_dir = tmp_path / "run"
+    ranks = _two_ranks_meet_failures(tmp_path, run_dir, "rlimit")
+    _assert_failed_cleanly(ranks, run_dir, "EFBIG", "file size limit")
+    for r in ranks:  # the lock cases of the same job
+        assert r["symlinked_lock"].startswith("RunDirLockError: ") and "is a symlink" in r["symlinked_lock"]
+        assert r["hostile_lock"] == "no error"  # an implausible record names nobody: taken over
+        assert not r["victim_exists"]
+
+
+def _mount_small_tmpfs(where) -> bool:
+    where.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_really_full_filesystem_is_one_checkpoint_error_on_every_rank_and_the_job_goes_on(tmp_path):
+    mnt = tmp_path / "small"
+    if not _mount_small_tmpfs(mnt):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount rights); the RLIMIT_FSIZE test covers "
+                    "the same path")
+    try:
+        ranks = _two_ranks_meet_failures(tmp_path, mnt / "run", "full")
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30, check=False)
+    _assert_failed_cleanly(ranks, mnt / "run", "ENOSPC", "no space left on the device")
