@@ -132,3 +132,23 @@ def test_systemd_unit_verifies_and_runs_as_root_only_for_npu_smi(accelerator, tm
     res = subprocess.run([analyze, "verify", str(tmp_path / "npudist-exporter.service")], capture_output=True,
                          text=True, timeout=60, check=False)
     assert res.returncode == 0 and "Unknown" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(("flag", "value"), [("sd_dir", "/shared/sd/$(touch /tmp/pwned)"),
+                                             ("sd_dir", "/shared/`touch /tmp/pwned`"), ("sd_dir", '/sd/"x'),
+                                             ("sd_dir", "/sd/${HOME}"), ("exporter_bin", "/usr/bin/npu dist"),
+                                             ("exporter_bin", "/usr/bin/npudist;reboot")])
+def test_paths_written_into_the_script_cannot_run_code(flag, value):
+    from npudist.deploy.options import DeployError
+
+    with pytest.raises(DeployError, match=f"--{flag.replace('_', '-')} .*written into a shell script"):
+        SlurmOptions(**{flag: value})
+
+
+def test_the_sd_dir_reaches_the_ranks_verbatim(tmp_path):
+    sd = "/shared/prom_sd/team-a,b=c@d%e+f.g"
+    script = files(SlurmOptions(sd_dir=sd))[SBATCH]
+    line = next(x for x in script.splitlines() if x.startswith("export NPUDIST_SD_DIR="))
+    res = subprocess.run(["bash", "-c", f"set -u; {line}; printf %s \"$NPUDIST_SD_DIR\""], capture_output=True,
+                         text=True, timeout=30, check=False, env={"PATH": os.defpath})
+    assert res.stdout == sd, res.stderr
