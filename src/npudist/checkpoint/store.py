@@ -117,7 +117,8 @@ def _refusal(root: Path, step: int, overwrite: bool) -> CheckpointError | None:
     and resuming would load them. Refused unless the caller says the older run's steps may go."""
     if overwrite:
         return None
-    newer = next((s for s in _good_steps(root) if s > step), None)
+    newer = next((s for s in list_checkpoints(root) if s > step and verify(root / step_dir_name(s), hashes=False)[1]
+                  is None), None)  # usually none is newer, so nothing is read
     if newer is None:
         return None
     return CheckpointError(
