@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,33 @@ def child_env(extra: dict[str, str] | None = None, pythonpath: list[Path] | None
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
+
+
+@functools.cache
+def interpreter_dir() -> Path:
+    """A directory whose ``python3`` and ``python`` run the interpreter running these tests.
+
+    The fakes in tests/fakes/bin start with ``#!/usr/bin/env python3``. Put first on a child's PATH
+    (``fakes_path``), this directory makes them run here instead of under whatever ``python3`` the
+    machine's PATH names: a pyenv shim runs ``pyenv exec``, which puts its interpreter's ``bin/`` (and
+    any ``npudist`` entry point installed there) first on the PATH of everything the fake starts.
+    The entries are scripts that exec sys.executable, not symlinks: a venv's interpreter finds its
+    site-packages from the path it was started by.
+    """
+    d = Path(tempfile.mkdtemp(prefix="npudist-tests-python-"))
+    atexit.register(shutil.rmtree, d, True)
+    for name in ("python3", "python"):
+        exe = d / name
+        exe.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        exe.chmod(0o755)
+    return d
+
+
+def fakes_path(*dirs: Path, inherited: str | None = None) -> str:
+    """PATH for a child that runs fakes: this interpreter, tests/fakes/bin, ``dirs``, then the inherited
+    PATH (this process's unless given), so nothing on the machine's PATH can stand in for a fake's tools."""
+    inherited = os.environ.get("PATH", os.defpath) if inherited is None else inherited
+    return os.pathsep.join([str(interpreter_dir()), str(FAKES / "bin"), *map(str, dirs), inherited])
 
 
 def run_py(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = get_args_parser()
     p.prog = "npudist launch"
+    # Options are matched whole: an abbreviation ("--metrics" for --metrics-port) would be acted on here
+    # and still reach torchrun, which reads it its own way or fails on it.
+    p.allow_abbrev = False
     group = p.add_argument_group("npudist")
     group.add_argument("--mpi", action="store_true",
                        help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")

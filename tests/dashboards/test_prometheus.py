@@ -1,10 +1,8 @@
 """Every panel query returns data and every alert expression evaluates, against a real Prometheus scraping
 a real 2-rank training (one rank slowed) and real `npudist exporter` processes."""
 
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 from npudist.dashboards import ALERTS, DASHBOARDS, RECORDINGS, rules_document, with_for
 from npudist.dashboards.promql import substitute
 from npudist.dashboards.rules import to_yaml
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import FAKES, REPO, child_env, fakes_path
 from tests.dashboards.prom import PROMETHEUS, Prometheus, free_pair, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
@@ -21,19 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 RANK_JOB = Path(__file__).with_name("rank_job.py")
 
 
-def _python_shim() -> Path:
-    """A folder whose `python3` is this test's interpreter: the fakes' `#!/usr/bin/env python3` must not pick
-    the machine's python3."""
-    shim = Path(tempfile.mkdtemp(prefix="npudist-py-"))
-    (shim / "python3").symlink_to(sys.executable)
-    return shim
-
-
-SHIM = _python_shim()
-
-
 def _exporter(port: int, source: str, extra: dict[str, str]) -> subprocess.Popen:
-    env = child_env({"PATH": os.pathsep.join([str(SHIM), str(FAKES / "bin"), os.environ["PATH"]]), **extra})
+    env = child_env({"PATH": fakes_path(), **extra})
     return subprocess.Popen([sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}",
                              "--source", source, "--interval", "1s"], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -75,7 +62,7 @@ def stack(tmp_path_factory):
         launch = subprocess.Popen(
             [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
              "--targets-file", str(targets), str(RANK_JOB), str(stop)],
-            env=child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"}), cwd=REPO,
+            env=child_env({"PATH": fakes_path()}), cwd=REPO,
             stdout=(tmp / "launch.log").open("w"), stderr=subprocess.STDOUT)
         procs.append(launch)
         # Test copy of the rules: the straggler alert's `for` shortened from 5m so it goes pending here.

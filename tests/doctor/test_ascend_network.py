@@ -4,22 +4,18 @@ addresses must follow one subnet plan (fake `-ip -g` answers written per device 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from npudist.doctor import FAIL, OK, SKIP, WARN, Host
 from npudist.doctor.ascend_network import ascend_nics
-from tests.conftest import FAKES
+from tests.conftest import fakes_path
 
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "python3").symlink_to(sys.executable)  # the fakes must not depend on the machine's python3
-    return {"PATH": os.pathsep.join([str(shim), str(FAKES / "bin"), os.environ["PATH"]]),
+    return {"PATH": fakes_path(),
             "NPUDIST_FAKE_HCCN_DIR": str(tmp_path / "answers")}
 
 

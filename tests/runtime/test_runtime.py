@@ -33,6 +33,20 @@ def test_settings_parse_every_variable_into_its_type():
     ("NPUDIST_TIMEOUT", "-5", "must be a positive number of seconds"),
     ("NPUDIST_METRICS_PORT", "94OO", "NPUDIST_METRICS_PORT='94OO' is not a port number"),
     ("NPUDIST_CPU_NPROC", "0", "NPUDIST_CPU_NPROC='0': give a positive integer"),
+    # Digits of other scripts pass str.isdigit() and float(); magnitudes no code can use are refused.
+    ("NPUDIST_CPU_NPROC", "\u00b2", r"NPUDIST_CPU_NPROC='\u00b2': give a positive integer; give ranks per node, "
+                                     "from 1 to 1024"),
+    ("NPUDIST_CPU_NPROC", "99999999999999999999", "give a positive integer; give ranks per node, from 1 to 1024"),
+    ("NPUDIST_CPU_NPROC", "5000", "NPUDIST_CPU_NPROC='5000': too many; give ranks per node, from 1 to 1024"),
+    ("NPUDIST_TIMEOUT", "inf", "NPUDIST_TIMEOUT='inf' is not a number of seconds; give seconds"),
+    ("NPUDIST_TIMEOUT", "nan", "is not a number of seconds"),
+    ("NPUDIST_TIMEOUT", "1_000", "is not a number of seconds"),
+    ("NPUDIST_TIMEOUT", "\uff19\uff10", "is not a number of seconds"),  # full-width 90: float() takes it
+    ("NPUDIST_TIMEOUT", "1e300", r"NPUDIST_TIMEOUT='1e300': the timeout must be a positive number of seconds; "
+                                 r"give seconds \(at most 30 days\), from 0.001 to 2592000"),
+    ("NPUDIST_TIMEOUT", "0", "must be a positive number of seconds"),
+    ("NPUDIST_METRICS_PORT", "70000", "NPUDIST_METRICS_PORT='70000': not a port number; give the base port"),
+    ("NPUDIST_METRICS_PORT", "\u0669", "is not a port number"),  # Arabic-Indic 9
 ])
 def test_a_malformed_variable_is_named_with_what_to_put_there(var, value, says):
     with pytest.raises(SettingsError, match=says):
@@ -48,6 +62,15 @@ def fresh():
     rt = state.peek()
     if rt is not None:
         rt.close()
+
+
+def test_the_largest_accepted_timeout_is_usable(fresh, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NPUDIST_TIMEOUT", "2592000")  # the top of the range: init() must take it
+    npudist.init()
+    npudist.all_reduce(torch.ones(2))
+    npudist.shutdown()
 
 
 def test_init_starts_the_runtime_and_shutdown_ends_everything_it_held(fresh, monkeypatch):

@@ -81,13 +81,10 @@ def test_exporter_command_errors_name_the_problem():
 def test_exporter_serves_the_reliability_families_from_the_fake_tools(tmp_path):
     """`npudist exporter --source npu-smi` with the fake npu-smi and hccn_tool (recorded outputs) serves at
     least 30 reliability and network families, in base units, and honours --collectors."""
-    from tests.conftest import FAKES
+    from tests.conftest import fakes_path
 
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "python3").symlink_to(sys.executable)
     port = _free_port()
-    env = child_env({"PATH": f"{shim}:{FAKES / 'bin'}:{child_env()['PATH']}"})
+    env = child_env({"PATH": fakes_path()})
     proc = subprocess.Popen(
         [sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}", "--source", "npu-smi",
          "--collectors", "all,-npudist_link_info"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from npudist.telemetry.exposition import server as metrics_server
 from npudist.telemetry.exposition.node_exporter import build
 from npudist.telemetry.exposition.server import CoalescedApp, serve
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import REPO, child_env, fakes_path
 from tests.httpserve.clients import Crowd, exchange, status
 from tests.telemetry.exp_helpers import ScriptedSource, eight_ascend, families, samples, scrape
 
@@ -182,7 +182,7 @@ def _last_success(url: str) -> float:
 
 @pytest.mark.slow
 def test_sixty_half_sent_requests_under_a_64_descriptor_limit():
-    env = child_env({"PATH": f"{FAKES / 'bin'}:{child_env()['PATH']}"})
+    env = child_env({"PATH": fakes_path()})
     proc = subprocess.Popen([sys.executable, "-c", EXPORTER], env=env, cwd=REPO, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     crowds = []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import REPO, child_env, fakes_path
 from tests.telemetry.exp_helpers import families, scrape
 
 VENDOR_PYTHON = os.environ.get("NPUDIST_REAL_VENDOR_PYTHON")
@@ -119,7 +119,7 @@ def _serve(args: list[str], port: int, want: str, **env: str) -> tuple[str, str]
 
 def test_exporter_serves_npu_smi_metrics_with_the_broken_python_stack():
     port = _free_port()
-    path = f"{FAKES / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    path = fakes_path()
     text, err = _serve(["--source", "auto"], port, "npudist_device_power_watts{", PATH=path)
     assert "Traceback" not in err
     assert "torch_npu does not load" in err

@@ -72,6 +72,18 @@ def any_rank(flag: bool, group: Any = None) -> bool:
     return bool(t.item())
 
 
+def first_rank(flag: bool, group: Any = None) -> int | None:
+    """The lowest rank of ``group`` whose ``flag`` is set, on every rank; None when no rank set it (a MIN
+    all-reduce of one element)."""
+    if not distributed():
+        return 0 if flag else None
+    world = dist.get_world_size(group)
+    t = torch.tensor([dist.get_rank(group) if flag else world], dtype=torch.int32, device=device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    first = int(t.item())
+    return first if first < world else None
+
+
 def from_rank(flag: bool, src: int = 0, group: Any = None) -> bool:
     """Rank ``src``'s ``flag``, on every rank (a broadcast of one element)."""
     if not distributed():
