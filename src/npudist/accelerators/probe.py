@@ -43,6 +43,10 @@ def _probe(vendor: Vendor) -> str | None:
         reason = _import_reason(vendor.module)
         if reason:
             return reason
+    if vendor.activate is not None:
+        reason = vendor.activate()
+        if reason:
+            return reason
     if vendor.board_probe is not None:
         return vendor.board_probe()
     if vendor.device_type == "cpu":
