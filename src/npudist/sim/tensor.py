@@ -174,6 +174,10 @@ def register_allocation_kernels(lib: torch.library.Library) -> None:
     attention gets the host's kernel choice."""
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    # torch.tensor(data, device="npu") fills the new tensor with Python dispatch turned off, so the copy
+    # reaches the backend key rather than SimTensor.__torch_dispatch__.
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     # Above torch's own decomposition of attention (CompositeImplicitAutograd), which would take the math
     # path on this device: see _HostAttention.
     lib.impl("scaled_dot_product_attention", _attention, "AutogradPrivateUse1")
