@@ -55,14 +55,14 @@ def test_init_starts_the_runtime_and_shutdown_ends_everything_it_held(fresh, mon
         monkeypatch.delenv(name, raising=False)
     ctx = npudist.init()  # a world of one
     rt = state.peek()
-    assert rt is not None and rt.context is ctx and npudist.runtime.context() is ctx
+    assert rt is not None and rt.context is ctx and npudist.lifecycle.context() is ctx
     comm.set_profile("hccl-strict")
     npudist.all_reduce(torch.ones(5, dtype=torch.bfloat16))  # adapted: caches the group, uses the pool
     assert comm.stats().get("all_reduce").calls == 1
     held = comm_state()
     assert held.groups and rt.comm is held
     npudist.shutdown()
-    assert state.peek() is None and not dist.is_initialized() and npudist.runtime.context() is None
+    assert state.peek() is None and not dist.is_initialized() and npudist.lifecycle.context() is None
     assert held.groups == {} and held.watchdog.record is None
     assert not [t for t in threading.enumerate() if t.name.startswith("npudist")]
     # A plain process group afterwards: the collectives start a new Runtime, with nothing carried over.
