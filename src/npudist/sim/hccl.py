@@ -91,7 +91,7 @@ class SimHcclGroup(dist.ProcessGroup):
         if t.numel() % row.element_multiple:
             self._refuse(call, HCCL_E_PARA, f"count {t.numel()} is not a multiple of {row.element_multiple} "
                          f"({row.name} row)")
-        if (t.elem.data_ptr()) % row.alignment_bytes:
+        if t.elem.data_ptr() % row.alignment_bytes:
             self._refuse(call, HCCL_E_PARA, f"buffer address is not {row.alignment_bytes}-byte aligned "
                          f"({row.name} row)")
 

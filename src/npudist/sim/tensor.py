@@ -11,6 +11,8 @@ registered there and return SimTensors.
 
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,20 @@ class SimTensor(torch.Tensor):
         return f"{self.elem!r}".replace("tensor(", "npu_tensor(", 1).rstrip(")") + ", device='npu:0')"
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __reduce_ex__(self, protocol):
+        # Pickled (torch.save, a checkpoint) as the host tensor: the simulated device's memory is host
+        # memory, and a file holding only plain tensors loads anywhere with weights_only=True.
+        return self.elem.__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SimTensor:
+        # torch's default reads a wrapper's storage unless its data_ptr() is 0, which a view with an
+        # offset does not satisfy; copy the host tensor instead (views of one storage stay views).
+        if id(self) not in memo:
+            new = SimTensor(self.elem.__deepcopy__(memo), requires_grad=self.requires_grad)
+            new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+            memo[id(self)] = new
+        return memo[id(self)]
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -188,3 +204,14 @@ def host(t: torch.Tensor) -> torch.Tensor:
     if not isinstance(t, SimTensor):
         raise TypeError(f"expected a tensor on the simulated npu device, got one on {t.device}")
     return t.elem
+
+
+def on_device(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """A host kernel (a C library through ctypes, a CPU function) as a kernel of the simulated device:
+    simulated tensors in, their host data handed to ``kernel``, tensor results back on the device. This
+    is how a vendor kernel for ``npu`` is registered and exercised without an NPU."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return tree_map(_wrap, kernel(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs)))
+
+    return run
