@@ -9,7 +9,7 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch_npu  # noqa: F401  (registers torch.npu and the hccl backend)
+import torch_npu
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 local_rank = int(os.environ["LOCAL_RANK"])

@@ -7,7 +7,7 @@ It refuses what the real backend refuses, in the real backend's words, before gl
   (torch/csrc/distributed/c10d/ProcessGroup.hpp, getBackend), as HCCL and NCCL groups do;
 - a non-contiguous tensor: ``Tensors must be contiguous`` (torch_npu ProcessGroupHCCL checkTensor);
 - what the active constraint row (comm/constraints.py: ``hccl``, or ``hccl-strict`` under
-  ``--simulate npu:strict``) does not take: a dtype or reduce op (HCCL_E_NOT_SUPPORT), an element count
+  ``--simulate npu:strict``, for floating-point tensors; integer ones always meet ``hccl``) does not take: a dtype or reduce op (HCCL_E_NOT_SUPPORT), an element count
   that is not a multiple of the row's ``element_multiple`` or a data pointer off its ``alignment_bytes``
   (HCCL_E_PARA). The names are HcclResult members of hccl_types.h (CANN; shipped in the torch-npu
   wheel): HCCL_E_PARA = 1, HCCL_E_NOT_SUPPORT = 5.
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
-from npudist.comm.constraints import Constraints
+from npudist.comm.constraints import HCCL, Constraints
 from npudist.sim.state import SIM
 from npudist.sim.tensor import DEVICE_TYPE, SimTensor
 
@@ -83,7 +83,9 @@ class SimHcclGroup(dist.ProcessGroup):
         return out
 
     def _check_row(self, call: str, t: torch.Tensor, op: str | None) -> None:
-        row = self.row
+        # The strict row's reports concern data: torch's own integer bookkeeping (DDP's bucket-index and
+        # shape broadcasts, object sizes) ran on those machines, so integer tensors meet the plain hccl row.
+        row = self.row if t.dtype.is_floating_point else HCCL
         allowed = row.native_dtypes(op) if op is not None else row.copy_dtypes
         if t.dtype not in allowed:
             what = f"reduce op {op} on {t.dtype}" if op is not None else f"data type {t.dtype}"
@@ -91,7 +93,7 @@ class SimHcclGroup(dist.ProcessGroup):
         if t.numel() % row.element_multiple:
             self._refuse(call, HCCL_E_PARA, f"count {t.numel()} is not a multiple of {row.element_multiple} "
                          f"({row.name} row)")
-        if t.elem.data_ptr() % row.alignment_bytes:
+        if t.data_ptr() % row.alignment_bytes:
             self._refuse(call, HCCL_E_PARA, f"buffer address is not {row.alignment_bytes}-byte aligned "
                          f"({row.name} row)")
 

@@ -12,12 +12,11 @@ registered there and return SimTensors.
 from __future__ import annotations
 
 import copy
-
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from npudist.sim.state import SIM
 
@@ -57,6 +56,12 @@ class SimTensor(torch.Tensor):
         # memory, and a file holding only plain tensors loads anywhere with weights_only=True.
         return self.elem.__reduce_ex__(protocol)
 
+    def data_ptr(self) -> int:
+        """The host address of the data: what alignment rules (HCCL's, a kernel's) are checked against,
+        as a real device tensor reports its device address. (The wrapper's own would be its storage
+        offset from a null base.)"""
+        return self.elem.data_ptr()
+
     def __deepcopy__(self, memo: dict[int, Any]) -> SimTensor:
         # torch's default reads a wrapper's storage unless its data_ptr() is 0, which a view with an
         # offset does not satisfy; copy the host tensor instead (views of one storage stay views).
@@ -72,41 +77,48 @@ class SimTensor(torch.Tensor):
         special = _SPECIAL.get(func)
         if special is not None:
             return special(*args, **kwargs)
-        out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
-        if _mutates(func):
+        out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
+        if _written(func):
             return _in_place_result(func, args, kwargs, out)
-        return tree_map(_wrap, out)
+        return _wrap(out)
 
 
 def _unwrap(x: Any) -> Any:
+    """SimTensors (also inside lists and tuples, as aten passes them) -> their host tensors; the npu
+    device -> the CPU. Hand-written rather than pytree: this runs for every op (pytree doubled the cost)."""
     if isinstance(x, SimTensor):
         return x.elem
+    if isinstance(x, list | tuple):
+        return type(x)(_unwrap(v) for v in x) if any(isinstance(v, SimTensor | list | tuple) for v in x) else x
     if isinstance(x, torch.device) and x.type == DEVICE_TYPE:
         return torch.device("cpu")
     return x
 
 
 def _wrap(x: Any) -> Any:
-    if type(x) is torch.Tensor and x.device.type == "cpu":
-        return SimTensor(x)
+    if type(x) is torch.Tensor:
+        return SimTensor(x) if x.device.type == "cpu" else x
+    if isinstance(x, list | tuple):
+        return type(x)(_wrap(v) for v in x)
     return x
 
 
-def _mutates(func: torch._ops.OpOverload) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+@functools.cache
+def _written(func: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments an op writes (in-place and out= ops), read once per op."""
+    return tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
 
 
 def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> Any:
     """An in-place or out= op returns the tensor(s) it wrote: the caller's own wrappers, not new ones."""
-    written = [args[i] if i < len(args) else kwargs.get(a.name)
-               for i, a in enumerate(func._schema.arguments)
-               if a.alias_info is not None and a.alias_info.is_write]
+    written = [args[i] if i < len(args) else kwargs.get(name) for i, name in _written(func)]
     written = [w for w in written if isinstance(w, torch.Tensor)]
     if isinstance(out, (tuple, list)) and len(out) == len(written):
         return type(out)(written)
     if isinstance(out, torch.Tensor) and written:
         return written[0]
-    return tree_map(_wrap, out)
+    return _wrap(out)
 
 
 def _target_is_sim(device: Any) -> bool:
@@ -212,6 +224,6 @@ def on_device(kernel: Callable[..., Any]) -> Callable[..., Any]:
     is how a vendor kernel for ``npu`` is registered and exercised without an NPU."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        return tree_map(_wrap, kernel(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs)))
+        return _wrap(kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
 
     return run
