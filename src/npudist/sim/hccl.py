@@ -7,7 +7,8 @@ It refuses what the real backend refuses, in the real backend's words, before gl
   (torch/csrc/distributed/c10d/ProcessGroup.hpp, getBackend), as HCCL and NCCL groups do;
 - a non-contiguous tensor: ``Tensors must be contiguous`` (torch_npu ProcessGroupHCCL checkTensor);
 - what the active constraint row (comm/constraints.py: ``hccl``, or ``hccl-strict`` under
-  ``--simulate npu:strict``, for floating-point tensors; integer ones always meet ``hccl``) does not take: a dtype or reduce op (HCCL_E_NOT_SUPPORT), an element count
+  ``--simulate npu:strict``, for floating-point tensors; integer ones always meet ``hccl``) does not
+  take: a dtype or reduce op (HCCL_E_NOT_SUPPORT), an element count
   that is not a multiple of the row's ``element_multiple`` or a data pointer off its ``alignment_bytes``
   (HCCL_E_PARA). The names are HcclResult members of hccl_types.h (CANN; shipped in the torch-npu
   wheel): HCCL_E_PARA = 1, HCCL_E_NOT_SUPPORT = 5.
