@@ -42,7 +42,8 @@ for _ in range(3):
         opt.zero_grad()
         y.square().mean().backward()
         opt.step()
-pairs = [*zip(cpu.parameters(), sim.parameters()), *zip(attn_cpu.parameters(), attn_sim.parameters())]
+pairs = [*zip(cpu.parameters(), sim.parameters(), strict=True),
+         *zip(attn_cpu.parameters(), attn_sim.parameters(), strict=True)]
 r["bitwise_equal_training"] = all(torch.equal(a, b.cpu()) for a, b in pairs)
 
 # Memory: real bytes of live storages, a view adds nothing, freeing returns them.
