@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import npudist
 from npudist import checkpoint
+from npudist.comm.buffers import aligned_empty
 from npudist.sim.state import SIM
 
 
@@ -36,12 +37,12 @@ def main() -> None:
 
     r["chip"] = physical_chip()
     r["cpu_tensor"] = refusal(lambda: dist.all_reduce(torch.ones(4)))
-    t = torch.full((128,), float(rank + 1), device=dev)
+    t = aligned_empty(128, torch.float32, dev, 128).fill_(float(rank + 1))  # meets even the strict row
     dist.all_reduce(t)
     r["raw_sum_ok"] = bool((t.cpu() == sum(range(1, world + 1))).all())
     r["raw_bf16"] = refusal(lambda: dist.all_reduce(torch.ones(128, dtype=torch.bfloat16, device=dev)))
     r["raw_100"] = refusal(lambda: dist.all_reduce(torch.ones(100, device=dev)))
-    base = torch.ones(129, device=dev)
+    base = aligned_empty(129, torch.float32, dev, 128).fill_(1.0)
     r["raw_misaligned"] = refusal(lambda: dist.all_reduce(base[1:]))
     r["raw_strided"] = refusal(lambda: dist.all_reduce(torch.ones(256, device=dev)[::2]))
     b = torch.full((100,), float(rank + 1), dtype=torch.bfloat16, device=dev)
@@ -51,8 +52,8 @@ def main() -> None:
     lock = checkpoint.lock_run_dir(str(run_dir))  # broadcasts its outcome
     state = {"w": torch.arange(6.0, device=dev), "step": 3}
     checkpoint.save(state, str(run_dir), 3)  # synchronous: ranks agree on success over the group
-    checkpoint.save(state, str(run_dir), 4, async_save=True)
-    dist.barrier()
+    checkpoint.save(state, str(run_dir), 4, async_save=True).wait()
+    dist.barrier()  # rank 0 wrote it; the others read it after
     found = checkpoint.load_latest(str(run_dir))
     r["checkpoint_step"] = None if found is None else found[1]
     r["checkpoint_values"] = None if found is None else found[0]["w"].tolist()
