@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import run_npudist
 
-pytestmark = pytest.mark.slow
+# Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SCRIPT = "tests/sim/rank_hccl.py"
 

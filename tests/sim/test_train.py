@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import child_env, run_npudist
 
-pytestmark = pytest.mark.slow
+# Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 EXAMPLE = "examples/train_ddp.py"
 SMALL = ["--d-model", "32", "--layers", "1", "--seq-len", "16", "--vocab", "32", "--log-every", "1",
