@@ -33,7 +33,7 @@ def _losses(text: str) -> list[float]:
     return [float(v) for v in re.findall(r"^step=\d+ loss=([\d.]+)", text, re.M)]
 
 
-def _launch(args: list[str], nproc: int, simulate: str | None, timeout: float = 400):
+def _launch(args: list[str], nproc: int, simulate: str | None, timeout: float = 600):
     sim = ["--simulate", simulate] if simulate else []
     return run_npudist(["launch", *sim, "--nproc-per-node", str(nproc), EXAMPLE, *args], env=TELEMETRY,
                        timeout=timeout)

@@ -44,7 +44,8 @@ def _probe(vendor: Vendor) -> str | None:
         if reason:
             return reason
     if vendor.activate is not None:
-        reason = vendor.activate()
+        module, _, function = vendor.activate.partition(":")
+        reason = getattr(importlib.import_module(module), function)()
         if reason:
             return reason
     if vendor.board_probe is not None:

@@ -62,6 +62,19 @@ def install(mode: str = "npu", chips: int = 8) -> None:
     SIM.row = row
 
 
+def activate() -> str | None:
+    """Install the simulation this process's settings ask for (NPUDIST_SIMULATE, NPUDIST_SIM_CHIPS);
+    None when it is in place, else why not. Called by accelerator detection (the ``npu-sim`` row)."""
+    from npudist.runtime.state import current
+
+    settings = current().settings
+    try:
+        install(settings.simulate or "npu", chips=settings.sim_chips)
+    except SimulationError as exc:
+        return str(exc)
+    return None
+
+
 def installed() -> str | None:
     """The constraint row of the installed simulation, or None when this process has no simulated NPU."""
     from npudist.sim.state import SIM

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -35,13 +36,13 @@ from npudist.sim.tensor import DEVICE_TYPE, SimTensor
 BACKEND = "hccl"
 HCCL_E_PARA = "HCCL_E_PARA"
 HCCL_E_NOT_SUPPORT = "HCCL_E_NOT_SUPPORT"
-_RESULT_CODES = {HCCL_E_PARA: 1, HCCL_E_NOT_SUPPORT: 5}
+_RESULT_CODES = MappingProxyType({HCCL_E_PARA: 1, HCCL_E_NOT_SUPPORT: 5})
 
-_OP_NAMES = {
+_OP_NAMES = MappingProxyType({
     dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "product", dist.ReduceOp.MAX: "max",
     dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "avg", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
     dist.ReduceOp.BXOR: "bxor",
-}
+})
 
 
 class HcclError(RuntimeError):

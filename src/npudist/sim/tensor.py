@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -147,11 +148,11 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return dst
 
 
-_SPECIAL: dict[Any, Callable[..., Any]] = {
+_SPECIAL: Mapping[Any, Callable[..., Any]] = MappingProxyType({
     aten._to_copy.default: _to_copy,
     aten._copy_from.default: _copy_from,
     aten._copy_from_and_resize.default: _copy_from_and_resize,
-}
+})
 
 
 class _HostAttention(torch.autograd.Function):
