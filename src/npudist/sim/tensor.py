@@ -63,6 +63,10 @@ class SimTensor(torch.Tensor):
         offset from a null base.)"""
         return self.elem.data_ptr()
 
+    def tolist(self) -> Any:
+        """As on a real device tensor (torch refuses ``tolist`` for tensor subclasses)."""
+        return self.elem.tolist()
+
     def __deepcopy__(self, memo: dict[int, Any]) -> SimTensor:
         # torch's default reads a wrapper's storage unless its data_ptr() is 0, which a view with an
         # offset does not satisfy; copy the host tensor instead (views of one storage stay views).
