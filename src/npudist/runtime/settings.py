@@ -31,6 +31,13 @@ HOST_VAR = "NPUDIST_METRICS_HOST"
 CPU_NPROC_VAR = "NPUDIST_CPU_NPROC"
 SYSFS_ROOT_VAR = "NPUDIST_SYSFS_ROOT"
 NODE_VAR = "NPUDIST_NODE_NAME"
+SIMULATE_VAR = "NPUDIST_SIMULATE"
+SIM_CHIPS_VAR = "NPUDIST_SIM_CHIPS"
+
+SIMULATE_MODES = ("npu", "npu:strict")
+"""What NPUDIST_SIMULATE and ``npudist launch --simulate`` accept (npudist.sim.MODES says what each does)."""
+SIMULATED_ACCELERATOR = "npu-sim"
+"""The vendor row (accelerators/vendors.py) a simulating process uses."""
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -66,6 +73,18 @@ class Settings:
     """NPUDIST_SYSFS_ROOT: the root under which /sys is read (tests point it at a fake tree)."""
     node_name: str | None = None
     """NPUDIST_NODE_NAME: the ``node`` label of every metric (None: the host name)."""
+    simulate: str | None = None
+    """NPUDIST_SIMULATE: ``npu`` or ``npu:strict`` makes this process's accelerator the simulated NPU
+    (npudist.sim), whatever NPUDIST_ACCELERATOR says; None: real hardware only."""
+    sim_chips: int = 8
+    """NPUDIST_SIM_CHIPS: chips on the simulated host (an Atlas 800 training server has 8); a rank's
+    ASCEND_RT_VISIBLE_DEVICES or local rank must name one of them."""
+
+    @property
+    def forced_accelerator(self) -> str | None:
+        """The vendor row to use instead of detecting: the simulated NPU when simulating, else
+        NPUDIST_ACCELERATOR."""
+        return SIMULATED_ACCELERATOR if self.simulate else self.accelerator
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +107,8 @@ class Settings:
             cpu_nproc=_positive(CPU_NPROC_VAR, text(CPU_NPROC_VAR)),
             sysfs_root=env.get(SYSFS_ROOT_VAR) or "/",
             node_name=text(NODE_VAR),
+            simulate=_simulate(text(SIMULATE_VAR)),
+            sim_chips=_positive(SIM_CHIPS_VAR, text(SIM_CHIPS_VAR)) or 8,
         )
 
 
@@ -140,3 +161,12 @@ def _positive(name: str, raw: str | None) -> int | None:
         raise SettingsError(f"{name}={raw!r}: give a positive integer; {_allowed(name)}")
     _in_range(name, raw, int(raw), "too many")
     return int(raw)
+
+
+def _simulate(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    mode = raw.lower()
+    if mode not in SIMULATE_MODES:
+        raise SettingsError(f"{SIMULATE_VAR}={raw!r}: give one of {', '.join(SIMULATE_MODES)} (or unset it)")
+    return mode
