@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 ACCELERATOR_VAR = "NPUDIST_ACCELERATOR"
 TIMEOUT_VAR = "NPUDIST_TIMEOUT"
@@ -117,11 +118,11 @@ class Settings:
 # works: (lowest, highest, what it counts).
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 _INTEGER = re.compile(r"[0-9]{1,9}")
-_RANGES: dict[str, tuple[float, float, str]] = {
+_RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
     PORT_VAR: (0, 65535, "the base port (0: any free port)"),
     CPU_NPROC_VAR: (1, 1024, "ranks per node"),
-}
+})
 
 
 def _allowed(name: str) -> str:
