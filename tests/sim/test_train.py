@@ -62,9 +62,8 @@ def test_sim_trains_checkpoints_resumes_and_ends_with_the_cpu_params(cpu_two, tm
 
 
 def test_strict_three_ranks_end_with_the_cpu_params():
-    # Skew exchanges every 20 steps (none here): under the strict row the control door's few-float rows are
-    # refused (reported to the control door's owner).
-    args = ["--steps", "4", "--global-batch-size", "12", *SMALL, "--exchange-every", "20"]
+    # A skew exchange every 2 steps: the control door's rows of a few floats must meet the strict row too.
+    args = ["--steps", "4", "--global-batch-size", "12", *SMALL, "--exchange-every", "2"]
     sim = _launch(args, 3, "npu:strict")
     assert "accelerator=npu-sim backend=hccl" in sim.stdout
     assert _final(sim) == _final(_launch(args, 3, None))
