@@ -33,7 +33,8 @@ class CommState:
         self.profile: str | None = None
         """set_profile(): overrides Settings.comm_profile while not None."""
         self.recorder = Recorder()
-        self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog)
+        self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog,
+                                 hang_timeout_s=settings.hang_timeout_s, hang_action=settings.hang_action)
         self.pool = BufferPool()
         self.layouts = LayoutCache()
 
