@@ -77,6 +77,13 @@ FAULTS = ("sigstop", "sleep", "stall", "skip", "mismatch", "sigkill")
 FAULT_SLEEP_S = 3600.0
 
 
+def announce(args: argparse.Namespace, rank: int, step: int) -> None:
+    """The fault's line, with this rank's last collective as its hang watchdog records it."""
+    last = npudist.comm.progress() or {}
+    print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f} last={last.get('op')} "
+          f"#{last.get('seq')} {last.get('state')}", flush=True)
+
+
 def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
     """--fault at its place in the step: ``where`` is start, backward or end."""
     if args.fault is None or rank != args.fault_rank or step != args.fault_step:
@@ -84,24 +91,29 @@ def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
     at = {"stall": "start", "sleep": "backward", "sigstop": "end", "sigkill": "end"}.get(args.fault)
     if at != where:
         return
-    print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f}", flush=True)
+    announce(args, rank, step)
     if args.fault in ("sleep", "stall"):
         time.sleep(FAULT_SLEEP_S)
     else:
         os.kill(os.getpid(), signal.SIGSTOP if args.fault == "sigstop" else signal.SIGKILL)
 
 
-def loss_average(args: argparse.Namespace, loss: torch.Tensor, step: int, rank: int) -> None:
-    """With --fault, every rank averages the loss every step: the collective skip and mismatch break."""
+def loss_average(args: argparse.Namespace, loss: torch.Tensor, step: int, rank: int) -> bool:
+    """With --fault, every rank averages the loss every step: the collective skip and mismatch break.
+
+    False: this rank skips it and stops training, as a rank whose data ran out a step early (a rank that
+    skipped one call and went on would have gloo abort a peer: "collective mismatch").
+    """
     if args.fault is None:
-        return
+        return True
     value = loss.detach().reshape(1).float()
     if rank == args.fault_rank and step == args.fault_step and args.fault in ("skip", "mismatch"):
-        print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f}", flush=True)
+        announce(args, rank, step)
         if args.fault == "skip":
-            return
+            return False
         value = torch.cat([value, value])
     npudist.all_reduce(value, "avg")
+    return True
 
 
 def make_activation(name: str) -> str | nn.Module:
@@ -166,7 +178,8 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Name
     loss.backward()
     opt.step()
     inject(args, step, ctx.rank, "end")
-    loss_average(args, loss, step, ctx.rank)
+    if not loss_average(args, loss, step, ctx.rank):
+        raise StopIteration
     return loss
 
 
@@ -234,7 +247,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
-            loss = train_step(ddp, opt, args, step, ctx)
+            try:
+                loss = train_step(ddp, opt, args, step, ctx)
+            except StopIteration:  # --fault skip
+                break
             if ctx.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000)
             seconds = end_step()

@@ -29,6 +29,19 @@ def test_a_rank_below_the_others_is_behind():
     assert (found.kind, found.ranks, found.top, found.waiting) == ("behind", [1, 3], 9, [0, 2])
 
 
+def test_a_rank_past_the_call_the_others_wait_in_skipped_one():
+    records = {r: rec(r, 6, "entered", nbytes=4) for r in range(4)}
+    records[2] = rec(2, 7, "entered", nbytes=4096)
+    found = suspects(records)
+    assert (found.kind, found.ranks, found.top) == ("ahead", [2], 6)
+    verdict = judge(records, found, {2}, {}, now=1.0, stalled_s=11.0, bound_s=10.0)
+    assert "rank(s) 2 ran past it" in verdict["line"] and verdict["not_reached"] == []
+
+
+def test_two_ranks_out_of_step_blame_the_one_below():
+    assert suspects({0: rec(0, 6, "entered"), 1: rec(1, 5)}).ranks == [1]
+
+
 def test_a_different_op_or_size_at_the_same_number_is_a_mismatch():
     records = {r: rec(r, 5, "entered") for r in range(5)}
     records[3] = rec(3, 5, "entered", nbytes=128)

@@ -9,6 +9,7 @@ from npudist.comm.handshake import MismatchError
 from npudist.comm.recorder import DURATION_BUCKETS, CommStats, OpStats
 from npudist.comm.state import (
     active_constraints,
+    progress,
     reset_stats,
     set_debug,
     set_profile,
@@ -43,6 +44,7 @@ __all__ = [
     "broadcast",
     "describe",
     "profile",
+    "progress",
     "reduce_scatter",
     "reset_stats",
     "set_debug",

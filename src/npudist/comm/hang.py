@@ -9,10 +9,10 @@ Two pure parts, replayable at any world size without a process group:
   floor, or fixed by NPUDIST_HANG_TIMEOUT. A stall counts only while some rank waits inside a collective:
   ranks that all compute (a long evaluation) are not hung.
 - ``suspects(records)`` and ``judge(...)``: which ranks hold the job back and why. A rank is *behind* when
-  its collective number is below the highest one (it never reached the call the others wait in). When
-  every rank sits at the same number, ranks whose op or payload differs from the majority's are named
-  (a skipped or mismatched collective shows up there), else the ranks that did not answer the liveness
-  probe (stopped or dead inside the collective).
+  its collective number is below the one most ranks wait in (it never reached that call), *ahead* when it
+  is above (it skipped a call the others are in). When every rank sits at the same number, ranks whose
+  op or payload differs from the majority's are named (a mismatched collective), else the ranks that did
+  not answer the liveness probe (stopped or dead inside the collective).
 """
 
 from __future__ import annotations
@@ -91,11 +91,12 @@ class ProgressTracker:
 @dataclass(frozen=True)
 class Suspects:
     kind: str
-    """behind (ranks below the highest collective number), mismatch (same number, other op or size),
+    """behind (ranks below the collective the others wait in), ahead (ranks past it: they skipped a call),
+    mismatch (same number, other op or size),
     all_reached (every rank inside the same call: the ones that do not answer are named)."""
     ranks: list[int]
     top: int
-    """The highest collective number any rank reached."""
+    """The collective number most ranks sit at: the call the job waits in."""
     waiting: list[int]
     """Ranks inside the top collective: the ones held back."""
 
@@ -105,14 +106,23 @@ def _majority(groups: dict[tuple[str, int], list[int]]) -> tuple[str, int]:
 
 
 def suspects(records: Records) -> Suspects:
-    """The ranks to probe and blame (pure; O(N))."""
+    """The ranks to probe and blame (pure; O(N)).
+
+    The collective the job waits in is the one most ranks sit at (ties: the highest number, since a
+    stalled rank is usually the odd one below). Ranks below it are behind; ranks above it ran past a call
+    the others are still in (they skipped one); unreported ranks are behind.
+    """
     good = {r: rec for r, rec in records.items() if isinstance(rec, Record)}
     unknown = sorted(r for r in records if r not in good)
-    top = max((rec.seq for rec in good.values()), default=0)
+    counts = collections.Counter(rec.seq for rec in good.values())
+    top = max(counts, key=lambda seq: (counts[seq], seq)) if counts else 0
     behind = sorted(r for r, rec in good.items() if rec.seq < top)
+    ahead = sorted(r for r, rec in good.items() if rec.seq > top)
     waiting = sorted(r for r, rec in good.items() if rec.seq == top and rec.state == "entered")
     if behind or unknown:
         return Suspects("behind", sorted(behind + unknown), top, waiting)
+    if ahead:
+        return Suspects("ahead", ahead, top, waiting)
     groups: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
     for r, rec in good.items():
         groups[(rec.op, rec.nbytes)].append(r)
@@ -134,7 +144,7 @@ def _last(rec: Record | BadRecord | None, now: float) -> str:
         return f"bad record ({rec.reason})"
     if rec is None or rec.seq == 0:
         return "never reported a collective"
-    where = "inside" if rec.state == "entered" else "after"
+    where = {"entered": "inside", "closed": "shut npudist down after"}.get(rec.state, "after")
     return f"{where} {rec.op} #{rec.seq} ({rec.nbytes} bytes, step {rec.step}, {now - rec.wall_time:.1f} s ago)"
 
 
@@ -163,13 +173,16 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     for r in culprits:
         alive = None if answered is None else r in answered
         stack = stacks.get(r, "")
+        closed = isinstance(records.get(r), Record) and records[r].state == "closed"
         state = ("answered: live but stuck" if alive else
+                 "no watchdog left to answer" if closed else
                  "did not answer: stopped or dead, no stack" if alive is False else "not probed")
         per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": alive, "stack": stack or None}
         if len(parts) < NAMED_IN_LINE:
             top = _top_frame(stack)
             parts.append(f"rank {r} {_last(records.get(r), now)}, {state}" + (f", at {top}" if top else ""))
-    blame = {"behind": "never reached it", "mismatch": "called something else there",
+    blame = {"behind": "never reached it", "ahead": "ran past it (a skipped collective?)",
+             "mismatch": "called something else there",
              "all_reached": "did not answer inside it"}[found.kind]
     if culprits:
         who = f"rank(s) {_ranks(culprits)} {blame}: " + "; ".join(parts)

@@ -100,3 +100,10 @@ def reset_stats() -> None:
 def set_run_dir(path: str | os.PathLike | None) -> None:
     """Where hang reports are written (default: NPUDIST_RUN_DIR)."""
     state().watchdog.run_dir = str(path) if path else None
+
+
+def progress() -> dict[str, object] | None:
+    """This rank's hang-watchdog record (collective number, op, bytes, state, step), or None before the
+    first collective: what rank 0's hang verdict will say about this rank."""
+    rec = state().watchdog.record
+    return dict(vars(rec)) if rec is not None else None

@@ -69,7 +69,7 @@ class Record:
     op: str = ""
     nbytes: int = 0
     state: str = "idle"
-    """entered (waiting inside the collective) or done."""
+    """entered (waiting inside the collective), done, or closed (npudist.shutdown() ran after it)."""
     wall_time: float = 0.0
 
 
@@ -325,6 +325,14 @@ class Watchdog:
         Safe to call twice. A thread stuck in a store call longer than ``timeout_s`` is left behind.
         """
         thread, self._thread = self._thread, None
+        rec, store = self.record, self._store
+        if thread is not None and rec is not None and store is not None:
+            # Where this rank stopped, for the others' verdict (it may leave a step early).
+            try:
+                rec.state, rec.wall_time = "closed", time.time()
+                store.set(_key(rec.rank), json.dumps(asdict(rec)))
+            except Exception as exc:
+                log.debug("watchdog: last record not published: %s", exc)
         self.record = None
         self.reader = None
         self._stop.set()
