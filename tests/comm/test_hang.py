@@ -205,3 +205,17 @@ def test_a_live_suspect_answers_with_its_stack(store, monkeypatch):
     assert verdict["culprits"] == [1] and verdict["culprit_ranks"]["1"]["alive"] is True
     assert "test_hang.py" in verdict["culprit_ranks"]["1"]["stack"]  # this test's main thread
     assert math.isclose(verdict["stalled_seconds"], 11.0)
+
+
+def test_the_stall_gauge_is_exported_where_a_reader_runs():
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.job.comm_metrics import CommCollector
+
+    labels = ["0", "0", "n", "cpu", "0"]
+    fams = {f.name: f for f in CommCollector(CollectorHealth(), labels, stats=lambda: type("S", (), {"ops": ()})(),
+                                             stall=lambda: 12.5).collect()}
+    assert [s.value for s in fams["npudist_hang_stall_seconds"].samples] == [12.5]
+    for bad in (None, float("nan"), -1.0, "x"):
+        fams = {f.name for f in CommCollector(CollectorHealth(), labels, stats=lambda: type("S", (), {"ops": ()})(),
+                                              stall=lambda b=bad: b).collect()}
+        assert "npudist_hang_stall_seconds" not in fams

@@ -176,7 +176,8 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         closed = isinstance(records.get(r), Record) and records[r].state == "closed"
         state = ("answered: live but stuck" if alive else
                  "no watchdog left to answer" if closed else
-                 "did not answer: stopped or dead, no stack" if alive is False else "not probed")
+                 "did not answer: stopped or dead, no stack (its record lags its last call by up to a second)"
+                 if alive is False else "not probed")
         per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": alive, "stack": stack or None}
         if len(parts) < NAMED_IN_LINE:
             top = _top_frame(stack)

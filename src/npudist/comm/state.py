@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 from npudist.comm import constraints as _constraints
 from npudist.comm.buffers import BufferPool, LayoutCache
 from npudist.comm.constraints import Constraints
+from npudist.comm.hang_reader import HangReader
 from npudist.comm.recorder import CommStats, Recorder
 from npudist.comm.watchdog import Watchdog
 from npudist.runtime.settings import Settings
-from npudist.runtime.state import Runtime, current
+from npudist.runtime.state import Runtime, current, peek
 
 if TYPE_CHECKING:
     from npudist.comm.context import GroupContext
@@ -34,7 +35,8 @@ class CommState:
         """set_profile(): overrides Settings.comm_profile while not None."""
         self.recorder = Recorder()
         self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog,
-                                 hang_timeout_s=settings.hang_timeout_s, hang_action=settings.hang_action)
+                                 hang_timeout_s=settings.hang_timeout_s, hang_action=settings.hang_action,
+                                 reader_factory=HangReader)
         self.pool = BufferPool()
         self.layouts = LayoutCache()
 
@@ -107,3 +109,11 @@ def progress() -> dict[str, object] | None:
     first collective: what rank 0's hang verdict will say about this rank."""
     rec = state().watchdog.record
     return dict(vars(rec)) if rec is not None else None
+
+
+def hang_stall_seconds() -> float | None:
+    """Seconds since any rank's last collective progress, as this rank's hang reader saw it at its last
+    read; None on ranks without the reader (all but rank 0) or before its first read."""
+    rt = peek()  # a scrape never starts a Runtime
+    reader = rt.comm.watchdog.reader if rt is not None and rt.comm is not None else None
+    return reader.stalled_s if reader is not None else None

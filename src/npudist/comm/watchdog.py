@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -182,7 +183,7 @@ def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause:
 
 class Watchdog:
     def __init__(self, run_dir: str | None = None, enabled: bool = True, hang_timeout_s: float | None = None,
-                 hang_action: str = "abort") -> None:
+                 hang_action: str = "abort", reader_factory: Callable[[Watchdog, int], Any] | None = None) -> None:
         self.enabled = enabled
         """False (NPUDIST_WATCHDOG_OFF): calls are neither numbered nor published."""
         self.record: Record | None = None
@@ -191,6 +192,8 @@ class Watchdog:
         """abort, report or off (NPUDIST_HANG_ACTION)."""
         self.reader: Any = None
         """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
+        self.reader_factory = reader_factory
+        """Builds the reader from (this watchdog, world size); the CommState passes HangReader."""
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -207,10 +210,8 @@ class Watchdog:
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return None
             self.record = Record(rank=dist.get_rank())
-            if self.record.rank == 0 and self.hang_action != "off":
-                from npudist.comm.hang_reader import HangReader
-
-                self.reader = HangReader(self, dist.get_world_size())
+            if self.record.rank == 0 and self.hang_action != "off" and self.reader_factory is not None:
+                self.reader = self.reader_factory(self, dist.get_world_size())
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="npudist-watchdog",
                                             daemon=True)
