@@ -3,9 +3,9 @@
     PYTHONPATH=src python benchmarks/scale_store.py --ranks 1024,4096
 
 The real code runs: every simulated rank is a ``Watchdog`` (its record, its ``_publish`` and ``_poll``,
-the calls its watchdog thread makes once a period), and rank 0's ``HangReader`` runs in its own thread as
-in a job. A few driver threads, each with its own store client, play the ranks' watchdog threads; every
-client counts its requests. Steady phase: every rank makes progress every period (the most it can
+the calls its watchdog thread makes once a period), and rank 0's ``HangReader`` ticks once a period in the
+parent. A few driver processes, each with one store client, play the ranks' watchdog threads; every client
+counts its requests. Steady phase: every rank makes progress every period (the most it can
 publish). Then one rank stops (SIGSTOP-like: neither publishes nor polls) and the others wait inside the
 next collective; the reader must name it. Reported: store requests a second per rank (steady), requests
 from the stop to the verdict and how many of them the diagnosis itself added, and seconds to the verdict
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import multiprocessing as mp
 import tempfile
 import threading
 import time
@@ -52,119 +53,129 @@ class CountingStore:
         return call
 
 
-def _drive(ranks: list[Watchdog], stop: threading.Event, phase: dict[str, str], periods: list[float],
-           work: collections.Counter) -> None:
-    """One driver thread: each period, each of its ranks does what its watchdog thread would."""
-    while not stop.is_set():
+def _drive(port: int, ranks: list[int], job: Any, phase: Any, stop: Any, out: Any, run_dir: str) -> None:
+    """One driver process: each period, each of its ranks does what its watchdog thread would.
+
+    Ranks move in lockstep as collectives force them to: the job's collective number ``job`` is set by
+    the parent once a period; a rank catches up to it (enter, done), or, once ``phase`` is 1, enters the
+    next call and waits there, except rank STOPPED, which neither publishes nor polls any more.
+    """
+    counts: collections.Counter = collections.Counter()
+    client = CountingStore(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                         timeout=timedelta(seconds=30)), counts, threading.Lock())
+    wds = []
+    for r in ranks:
+        wd = Watchdog(run_dir=run_dir, hang_action="report")
+        wd.record, wd._store = Record(rank=r), client
+        wd.reader = object() if r == 0 else None  # rank 0's own poll never answers probes (its reader does)
+        wds.append(wd)
+    work: collections.Counter = collections.Counter()
+    periods: list[float] = []
+    reported = warm = False
+    while not stop.value:
         start = time.monotonic()
-        polls = publishes = 0
-        stalled = phase["name"] == "stalled"
-        for wd in ranks:
-            rank = wd.record.rank
-            if stalled and rank == STOPPED:
+        if not warm and phase.value == -1:  # warm-up over: count the steady state from here
+            counts.clear()
+            work.clear()
+            warm = True
+        stalled, target = phase.value == 1, job.value
+        name = "stalled" if reported else "steady"
+        for wd in wds:
+            rec = wd.record
+            if stalled and rec.rank == STOPPED:
                 continue
-            if not stalled:
+            while rec.seq < target:
                 wd.done(wd.enter("all_reduce", 4096))
                 wd.step_started()
-            elif wd.record.state != "entered":
+            if stalled and rec.seq == target:
                 wd.enter("all_reduce", 4096)  # waits inside the call the stopped rank never reaches
             if wd._dirty.is_set():
                 wd._dirty.clear()
                 wd._publish()
-                publishes += 1
+                work[name, "publishes"] += 1
             wd._poll()
-            polls += 1
-        work[phase["name"], "polls"] += polls
-        work[phase["name"], "publishes"] += publishes
-        took = time.monotonic() - start
-        periods.append(took)
-        stop.wait(max(0.0, watchdog.PUBLISH_INTERVAL_S - took))
+            work[name, "polls"] += 1
+        periods.append(time.monotonic() - start)
+        if phase.value > 0 and not reported:  # the parent takes the steady counts, then stalls the job
+            out.put(("steady", dict(counts), dict(work), periods))
+            counts.clear()
+            work.clear()
+            reported = True
+        time.sleep(max(0.0, watchdog.PUBLISH_INTERVAL_S - (time.monotonic() - start)))
+    out.put(("stalled", dict(counts), dict(work), periods))
 
 
 def run(world: int, drivers: int, steady_s: float, deadline_s: float) -> dict[str, Any]:
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
-    counts: collections.Counter = collections.Counter()
-    lock = threading.Lock()
-    clients = [CountingStore(server.clone(), counts, lock) for _ in range(drivers + 1)]
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    ctx = mp.get_context("fork")
+    job, phase, stop = ctx.Value("i", 1), ctx.Value("i", 0), ctx.Value("i", 0)
+    out = ctx.Queue()
     run_dir = tempfile.mkdtemp(prefix="scale-store-")
-    ranks = []
-    for r in range(world):
-        wd = Watchdog(run_dir=run_dir, hang_action="report")
-        wd.record = Record(rank=r)
-        wd._store = clients[r % drivers]
-        ranks.append(wd)
-    reader_wd = ranks[0]
+    procs = [ctx.Process(target=_drive, args=(server.port, list(range(world))[i::drivers], job, phase, stop, out,
+                                              run_dir), daemon=True) for i in range(drivers)]
+    for p in procs:
+        p.start()
+    counts: collections.Counter = collections.Counter()
+    reader_wd = Watchdog(run_dir=run_dir, hang_action="report")
+    reader_wd.record = Record(rank=0)
+    reader_wd._store = CountingStore(server.clone(), counts, threading.Lock())
     reader = HangReader(reader_wd, world)
-    reader_wd.reader = reader
-    reader_client = clients[drivers]
-    reader_wd_view = Watchdog(run_dir=run_dir, hang_action="report")  # the reader's own client
-    reader_wd_view.record, reader_wd_view._store = reader_wd.record, reader_client
-    reader.wd = reader_wd_view
-    phase = {"name": "steady"}
-    stop = threading.Event()
-    periods: list[float] = []
-    work: collections.Counter = collections.Counter()
-    threads = [threading.Thread(target=_drive, args=(ranks[i::drivers], stop, phase, periods, work), daemon=True)
-               for i in range(drivers)]
-    verdict_at: list[float] = []
-
-    def read() -> None:
-        while not stop.is_set():
-            work[phase["name"], "reads"] += 1
-            if reader.tick() is not None:
-                verdict_at.append(time.monotonic())
-                return
-            stop.wait(watchdog.PUBLISH_INTERVAL_S)
-
-    reader_thread = threading.Thread(target=read, daemon=True)
-    for t in threads:
-        t.start()
-    reader_thread.start()
-    time.sleep(2 * watchdog.PUBLISH_INTERVAL_S)  # the first records exist
-    with lock:
-        counts.clear()
+    for _ in range(3):  # warm-up: every record published once, the reader's keys created
+        job.value += 1
+        reader.tick()
+        time.sleep(watchdog.PUBLISH_INTERVAL_S)
+    counts.clear()
+    phase.value = -1
     t0 = time.monotonic()
-    time.sleep(steady_s)
-    with lock:
-        steady = dict(counts)
-        counts.clear()
+    reads = 0
+    while time.monotonic() - t0 < steady_s:
+        job.value += 1
+        reader.tick()
+        reads += 1
+        time.sleep(watchdog.PUBLISH_INTERVAL_S)
+    # Hand-over: each driver reports its steady counts at the end of its period (the window ends there).
+    phase.value = 2
+    steady = [out.get(timeout=120) for _ in procs]
     steady_elapsed = time.monotonic() - t0
-    steady_periods = list(periods)
-    phase["name"] = "stalled"
+    steady_reader, steady_reads = dict(counts), reads
+    counts.clear()
+    phase.value = 1
     stalled_at = time.monotonic()
-    reader_thread.join(deadline_s)
-    stop.set()
-    for t in threads:
-        t.join(30)
-    with lock:
-        stall = dict(counts)
-    elapsed = time.monotonic() - stalled_at
+    reads = 0
+    while reader.tick() is None and time.monotonic() - stalled_at < deadline_s:
+        reads += 1
+        time.sleep(watchdog.PUBLISH_INTERVAL_S)
+    verdict_s = time.monotonic() - stalled_at if reader.verdict else None
+    stop.value = 1
+    stalled = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
     v = reader.verdict or {}
-    # What the ranks' periodic calls cost over the same time (polls, publishes, the reader's multi_gets).
-    periodic = sum(work["stalled", k] for k in ("polls", "publishes", "reads"))
+    steady_total = sum(sum(c.values()) for _, c, _, _ in steady) + sum(steady_reader.values())
+    stall_total = sum(sum(c.values()) for _, c, _, _ in stalled) + sum(counts.values())
+    periodic = sum(w.get(("stalled", k), 0) for _, _, w, _ in stalled for k in ("polls", "publishes")) + reads
+    periods = sorted(x for _, _, _, ps in steady for x in ps)
     return {
         "ranks": world,
         "drivers": drivers,
-        "steady_requests_per_rank_per_s": sum(steady.values()) / steady_elapsed / world,
-        "steady_by_call": steady,
-        "period_p50_s": sorted(steady_periods)[len(steady_periods) // 2] if steady_periods else None,
+        "steady_requests_per_rank_per_s": steady_total / steady_elapsed / world,
+        "steady_reader_requests": steady_reader,
+        "steady_reads": steady_reads,
+        "period_p50_s": periods[len(periods) // 2] if periods else None,
         "named": v.get("culprits"),
         "correct": v.get("culprits") == [STOPPED],
-        "seconds_to_verdict": (verdict_at[0] - stalled_at) if verdict_at else None,
+        "seconds_to_verdict": verdict_s,
         "bound_s": v.get("bound_seconds"),
-        "requests_stop_to_verdict": sum(stall.values()),
-        "stall_by_call": stall,
-        "diagnosis_extra_requests": sum(stall.values()) - periodic,
+        "requests_stop_to_verdict": stall_total,
+        "diagnosis_extra_requests": stall_total - periodic,
         "old_scheme_requests": 2 * world * world,
-        "elapsed_s": elapsed,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", default="1024,4096", help="comma-separated simulated world sizes")
-    p.add_argument("--drivers", type=int, default=4, help="threads (each with its own store client)")
+    p.add_argument("--drivers", type=int, default=4, help="processes (each with its own store client)")
     p.add_argument("--steady-s", type=float, default=10.0)
     p.add_argument("--deadline-s", type=float, default=120.0)
     p.add_argument("--json", default=None)
