@@ -125,8 +125,7 @@ def fr_trial(args: argparse.Namespace, kind: str, rank: int, port: int) -> Trial
         run_dir = Path(tmp)
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "NPUDIST_HANG_ACTION": "off",
                "NPUDIST_TIMEOUT": str(args.fr_timeout), "TORCH_FR_BUFFER_SIZE": "2000",
-               "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "fr_"), "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-               "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+               "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "fr_")}
         out = run_dir / "out.txt"
         with out.open("w") as log:
             proc = _launch(args, kind, rank, port, run_dir, env, log)
@@ -142,8 +141,11 @@ def fr_trial(args: argparse.Namespace, kind: str, rank: int, port: int) -> Trial
         if fault is None or not dumps:
             return Trial(kind, rank, "flight recorder", [], False, None, None,
                          f"{len(dumps)} dumps (gloo ranks dump nothing on a timeout)" if fault else "no fault")
-        analysis = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-d",
-                                   str(run_dir), "-p", "fr_"], capture_output=True, text=True, timeout=120)
+        analysis = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(run_dir),
+                                   "-p", "fr_", "--allow-incomplete-ranks"], capture_output=True, text=True,
+                                  timeout=120)
+        (Path(args.fr_keep) / f"{kind}-{rank}.txt").write_text(analysis.stdout + analysis.stderr) \
+            if args.fr_keep else None
         found = sorted({int(r) for r in re.findall(r"[Mm]issing ranks?.*?(\d+)", analysis.stdout)})
         seconds = max(p.stat().st_mtime for p in dumps) - float(fault.group(4))
         return Trial(kind, rank, "flight recorder", found, found == [rank], None, seconds,
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=120.0, help="seconds a trial may take")
     p.add_argument("--fr", action="store_true", help="also run torch's flight recorder on the same faults")
     p.add_argument("--fr-timeout", type=float, default=60.0, help="collective timeout of the --fr runs")
+    p.add_argument("--fr-keep", default=None, help="write fr_trace's output per trial into this directory")
+    p.add_argument("--fr-only", action="store_true", help="run only the flight recorder trials")
     p.add_argument("--json", default=None, help="write every trial here")
     args = p.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
@@ -186,11 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         for i in range(args.trials):
             rank = 1 + i % (args.nproc - 1)  # never rank 0: it is the reader
-            t = npudist_trial(args, kind, rank, port)
-            port += 1
-            print(json.dumps(asdict(t)), flush=True)
-            trials.append(t)
-            if args.fr:
+            if not args.fr_only:
+                t = npudist_trial(args, kind, rank, port)
+                port += 1
+                print(json.dumps(asdict(t)), flush=True)
+                trials.append(t)
+            if args.fr or args.fr_only:
                 t = fr_trial(args, kind, rank, port)
                 port += 1
                 print(json.dumps(asdict(t)), flush=True)

@@ -31,6 +31,19 @@ from npudist import checkpoint
 from npudist.telemetry.job.run_log import open_run_log
 
 
+def dump_flight_recorder(rank: int) -> None:
+    """Testing hang diagnosis against torch's flight recorder: with TORCH_FR_BUFFER_SIZE and
+    TORCH_FR_DUMP_TEMP_FILE set, a rank whose training failed writes its buffer where NCCL's dump-on-timeout
+    would (gloo has no watchdog that dumps), for ``python -m torch.distributed.flight_recorder.fr_trace``."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if not prefix or not os.environ.get("TORCH_FR_BUFFER_SIZE"):
+        return
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+    if dump is not None:
+        with open(f"{prefix}{rank}", "wb") as f:
+            f.write(dump())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=100)
@@ -251,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
                 loss = train_step(ddp, opt, args, step, ctx)
             except StopIteration:  # --fault skip
                 break
+            except Exception:
+                dump_flight_recorder(ctx.rank)
+                raise
             if ctx.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000)
             seconds = end_step()
