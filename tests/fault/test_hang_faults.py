@@ -24,7 +24,8 @@ LIMIT_S = 240  # the job must end well inside the 600 s collective timeout
 def _launch(tmp_path, kind: str, step: int):
     start = time.monotonic()
     proc = run_npudist(["launch", "--nproc-per-node", "3", "examples/train_ddp.py", "--steps", "100000",
-                        "--no-telemetry", "--log-every", "100000", "--run-dir", str(tmp_path),
+                        "--no-telemetry", "--log-every", "100000", "--global-batch-size", "30",
+                        "--run-dir", str(tmp_path),
                         "--checkpoint-every", "100000", "--fault", kind, "--fault-rank", "1",
                         "--fault-step", str(step)],
                        env=child_env(), timeout=LIMIT_S)
