@@ -7,7 +7,9 @@ timeout left at its default (600 s), waits for a verdict and kills the job's pro
 is npudist's (``RUN_DIR/hang-attempt0.json``, written by rank 0) or, for a rank that dies outright,
 torchrun's own failure line (its agent tears the job down within its monitor interval, before any
 collective notices). A verdict is correct when it names exactly rank R and, for npudist's, the
-culprit's last collective as the faulty rank printed it just before the fault (``FAULT ... last=``).
+culprit's last collective as the faulty rank printed it just before the fault (``FAULT ... last=``): its
+record, or for a stopped rank (whose record lags its stop by up to a second) the call the verdict says it
+never reached is the next one.
 
 ``--fr`` runs the same faults with torch's flight recorder (TORCH_FR_BUFFER_SIZE, a dump per rank on
 a collective timeout of ``--fr-timeout`` s, then ``python -m torch.distributed.flight_recorder.fr_trace``).
@@ -48,6 +50,8 @@ class Trial:
     named: list[int]
     correct: bool
     last_ok: bool | None
+    """The culprit's last collective named: its record (a live, closed or mismatched rank), or, for a
+    stopped rank whose record lags, the call the verdict says it never reached is the one after it."""
     seconds: float | None
     """Fault to verdict (None: no verdict before the trial's deadline)."""
     detail: str
@@ -114,7 +118,10 @@ def npudist_trial(args: argparse.Namespace, kind: str, rank: int, port: int) -> 
     named = list(verdict.get("culprits", []))
     record = (verdict.get("ranks") or {}).get(str(rank)) or {}
     op, seq = _expected_last(kind, fault)
-    last_ok = (record.get("op"), record.get("seq")) == (op, seq)
+    if kind == "sigstop":
+        last_ok = verdict.get("seq") == seq + 1 and verdict.get("kind") == "behind"
+    else:
+        last_ok = (record.get("op"), record.get("seq")) == (op, seq)
     return Trial(kind, rank, "npudist", named, named == [rank], last_ok, float(verdict["time"]) - t0,
                  verdict.get("line", "")[:400])
 
