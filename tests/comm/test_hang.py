@@ -219,3 +219,21 @@ def test_the_stall_gauge_is_exported_where_a_reader_runs():
         fams = {f.name for f in CommCollector(CollectorHealth(), labels, stats=lambda: type("S", (), {"ops": ()})(),
                                               stall=lambda b=bad: b).collect()}
         assert "npudist_hang_stall_seconds" not in fams
+
+
+def test_rank_0_behind_is_judged_by_its_own_reader_without_a_store_probe(store, monkeypatch):
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    client = CountingStore(store.clone())
+    ranks = [_watchdog(r, client) for r in range(3)]
+    reader = HangReader(ranks[0], 3, sleep=lambda s: pytest.fail("no probe needed"))
+    for wd in ranks:
+        seq = wd.enter("all_reduce", 8)
+        if wd.record.rank != 0:
+            wd.done(seq)
+            wd.enter("broadcast", 8)
+        wd._publish()
+    reader._judge(reader.read(), 12.0, "")
+    verdict = reader.verdict
+    assert verdict["culprits"] == [0] and verdict["culprit_ranks"]["0"]["alive"] is True
+    assert "rank(s) 0 never reached it" in verdict["line"] and "broadcast #2" in verdict["line"]
+    assert client.calls["add"] == 0
