@@ -147,7 +147,8 @@ def fr_trial(args: argparse.Namespace, kind: str, rank: int, port: int) -> Trial
         dumps = sorted(run_dir.glob("fr_*"))
         if fault is None or not dumps:
             return Trial(kind, rank, "flight recorder", [], False, None, None,
-                         f"{len(dumps)} dumps (gloo ranks dump nothing on a timeout)" if fault else "no fault")
+                         f"{len(dumps)} dumps: no rank failed in Python before the launcher stopped the job"
+                         if fault else "no fault")
         analysis = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(run_dir),
                                    "-p", "fr_", "--allow-incomplete-ranks"], capture_output=True, text=True,
                                   timeout=120)
