@@ -96,7 +96,12 @@ class _NpudistDDP(DistributedDataParallel):
         # (reducer._rebuild_buckets broadcasts the new layout), buffer broadcasts, join notifications. They
         # go through torch.distributed directly, so the whole pre-forward takes one collective number as
         # "ddp_forward": a rank that stalls between steps leaves the others waiting in a numbered call.
-        # Every rank runs it on every forward, so the numbers stay aligned across ranks.
+        # Only a forward that can communicate takes a number (with gradients, or syncing buffers, or under
+        # join): one rank evaluating alone under no_grad must not shift its numbers from the others'.
+        sync_bufs = getattr(self, "_check_sync_bufs_pre_fwd", None)
+        join = getattr(getattr(self, "_join_config", None), "enable", False)
+        if not (torch.is_grad_enabled() or join or (sync_bufs is not None and sync_bufs())):
+            return super()._pre_forward(*inputs, **kwargs)
         watchdog = state().watchdog
         seq = watchdog.enter("ddp_forward", 0)
         if torch.is_grad_enabled():
