@@ -38,6 +38,36 @@ def run_npudist(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return run_py(["-m", "npudist", *args], **kw)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, args: list[str], *, world: int = 2, env: dict[str, str] | None = None,
+              pythonpath: list[Path] | None = None, timeout: float = 180) -> None:
+    """Start ``world`` ranks of ``script`` with torchrun's variables on a free port; fail with a rank's
+    output when one exits non-zero."""
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, script, *args], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=child_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                       **(env or {})}, pythonpath=pythonpath))
+        for r in range(world)]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

@@ -4,6 +4,7 @@ a real 2-rank training (one rank slowed) and real `npudist exporter` processes."
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,8 +21,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 RANK_JOB = Path(__file__).with_name("rank_job.py")
 
 
+def _python_shim() -> Path:
+    """A folder whose `python3` is this test's interpreter: the fakes' `#!/usr/bin/env python3` must not pick
+    the machine's python3."""
+    shim = Path(tempfile.mkdtemp(prefix="npudist-py-"))
+    (shim / "python3").symlink_to(sys.executable)
+    return shim
+
+
+SHIM = _python_shim()
+
+
 def _exporter(port: int, source: str, extra: dict[str, str]) -> subprocess.Popen:
-    env = child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}", **extra})
+    env = child_env({"PATH": os.pathsep.join([str(SHIM), str(FAKES / "bin"), os.environ["PATH"]]), **extra})
     return subprocess.Popen([sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}",
                              "--source", source, "--interval", "1s"], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -44,8 +56,19 @@ def stack(tmp_path_factory):
     prom = None
     try:
         ports = [free_port() for _ in range(3)]
+        # A 910B node: its own `-t` outputs (910B usages print the vector split), and NIC 0's `-stat` from the
+        # recording with RoCE error counters while NIC 1 prints the one with PFC/pause/NIC counters.
+        t_dir, answers = tmp / "t", tmp / "hccn"
+        t_dir.mkdir()
+        answers.mkdir()
+        for src in [*(FAKES / "npu-smi").glob("t-*-910b.txt"), *(FAKES / "npu-smi").glob("t-ecc-*.txt"),
+                    FAKES / "npu-smi" / "t-health-ok.txt"]:
+            (t_dir / src.name).write_text(src.read_text())
+        (answers / "hccn_tool-stat-dev0.txt").write_text(
+            (FAKES / "ascend-tools" / "hccn_tool-stat-mindcluster-1.txt").read_text())
         procs.append(_exporter(ports[0], "npu-smi", {
-            "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / "910b2c-8npu-constructed.txt")}))
+            "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / "910b2c-8npu-constructed.txt"),
+            "NPUDIST_FAKE_NPU_SMI_T_DIR": str(t_dir), "NPUDIST_FAKE_HCCN_DIR": str(answers)}))
         procs.append(_exporter(ports[1], "cpu", {}))  # the CPU's clock: npu-smi's table has no frequency
         procs.append(_exporter(ports[2], "npu-smi", {"NPUDIST_FAKE_NPU_SMI_MODE": "fail"}))  # a broken node
         base, targets, stop = free_pair(), tmp / "sd" / "npudist.json", tmp / "stop"
@@ -100,7 +123,8 @@ def test_every_panel_query_returns_data(stack):
     # Slowest inputs first: operator histograms (profiled step every 5 steps) and rule-derived series.
     for expr in ("npudist:op_duration_seconds:p95", "npudist:collective_busbw_bytes_per_second",
                  "npudist:node_device_frequency_hertz:min", "npudist_collector_errors_total",
-                 "npudist_straggler_rank"):
+                 "npudist_straggler_rank", "npudist:device_rank:info", "npudist_link_up",
+                 "npudist_link_optical_rx_power_watts", "npudist_device_alarm_level"):
         _wait_for(stack, expr, 60)
     straggler = _series(stack, "max(npudist_straggler_rank)")[0]["value"][1]
     empty = []
@@ -134,3 +158,12 @@ def test_every_alert_expression_evaluates(stack):
     for a in ALERTS:
         res = stack.query(a.expr)
         assert res["status"] == "success", (a.name, res)
+
+
+def test_reliability_alerts_name_the_rank_on_the_card(stack):
+    # The fake hccn_tool prints the recorded optical module of hccn_tool-optical-mindcluster-1.txt for every
+    # NIC: lane 1 receives 0.0054 mW, below its 0.1445 mW limit. NIC 0 is logical chip 0 = NPU 3, rank 0's.
+    _wait_for(stack, "npudist:device_rank:info", 60)
+    (rx,) = [s for s in _series(stack, next(a.expr for a in ALERTS if a.name == "NpudistOpticalPowerOutOfRange"))
+             if s["metric"]["nic"] == "0" and s["metric"]["direction"] == "rx"]
+    assert (rx["metric"]["rank"], rx["metric"]["device"], rx["metric"]["lane"]) == ("0", "3", "1")

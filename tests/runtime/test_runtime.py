@@ -60,14 +60,14 @@ def test_init_starts_the_runtime_and_shutdown_ends_everything_it_held(fresh, mon
         monkeypatch.delenv(name, raising=False)
     ctx = npudist.init()  # a world of one
     rt = state.peek()
-    assert rt is not None and rt.context is ctx and npudist.runtime.context() is ctx
+    assert rt is not None and rt.context is ctx and npudist.lifecycle.context() is ctx
     comm.set_profile("hccl-strict")
     npudist.all_reduce(torch.ones(5, dtype=torch.bfloat16))  # adapted: caches the group, uses the pool
     assert comm.stats().get("all_reduce").calls == 1
     held = comm_state()
     assert held.groups and rt.comm is held
     npudist.shutdown()
-    assert state.peek() is None and not dist.is_initialized() and npudist.runtime.context() is None
+    assert state.peek() is None and not dist.is_initialized() and npudist.lifecycle.context() is None
     assert held.groups == {} and held.watchdog.record is None
     assert not [t for t in threading.enumerate() if t.name.startswith("npudist")]
     # A plain process group afterwards: the collectives start a new Runtime, with nothing carried over.
@@ -84,3 +84,48 @@ def test_a_malformed_timeout_fails_init_with_dist_init_error(fresh, monkeypatch)
     monkeypatch.setenv("NPUDIST_TIMEOUT", "soon")
     with pytest.raises(npudist.DistInitError, match="NPUDIST_TIMEOUT='soon'"):
         npudist.init()
+
+
+def test_close_ends_owned_parts_in_the_written_order_latest_first_within_a_kind():
+    rt = state.Runtime(Settings())
+    ended: list[str] = []
+    for kind in reversed(state.CLOSE_ORDER):
+        if kind not in ("comm", "checkpoints"):
+            rt.own(kind, lambda kind=kind: ended.append(kind))
+    rt.own("telemetry", lambda: ended.append("telemetry (second)"))
+    rt.close()
+    assert ended == ["run_logs", "telemetry (second)", "telemetry", "group", "run_dir_locks"]
+    rt.close()  # twice: nothing is closed again
+    assert len(ended) == 5
+
+
+def test_a_part_that_fails_to_close_does_not_keep_the_later_ones_running(caplog):
+    rt = state.Runtime(Settings())
+    ended: list[str] = []
+
+    def broken() -> None:
+        raise OSError("disk gone")
+
+    rt.own("run_logs", broken)
+    rt.own("telemetry", lambda: ValueError("returned, not raised"))
+    rt.own("run_dir_locks", lambda: ended.append("lock"))
+    with pytest.raises(OSError, match="disk gone"):
+        rt.close()
+    assert ended == ["lock"]
+    assert "returned, not raised" in caplog.text  # the second failure is logged, not lost
+
+
+def test_the_exit_hook_leaves_the_process_group_to_its_creator():
+    rt = state.Runtime(Settings())
+    ended: list[str] = []
+    rt.own("group", lambda: ended.append("group"))
+    rt.own("run_dir_locks", lambda: ended.append("lock"))
+    rt.close(at_exit=True)
+    assert ended == ["lock"]
+
+
+def test_only_known_kinds_can_be_owned():
+    with pytest.raises(ValueError, match="unknown part kind 'threads'"):
+        state.Runtime(Settings()).own("threads", lambda: None)
+    with pytest.raises(ValueError, match="unknown part kind 'comm'"):  # attached by comm itself
+        state.Runtime(Settings()).own("comm", lambda: None)

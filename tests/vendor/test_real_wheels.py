@@ -146,3 +146,12 @@ def test_fakes_tree_is_not_on_the_vendor_path():
     done = _run(["-c", "import importlib.util as u; print(u.find_spec('torch_npu').origin)"])
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).is_relative_to(Path(VENDOR_PYTHON).parent.parent)
+
+
+def test_nvml_reliability_names_exist_in_the_released_nvidia_ml_py():
+    """Every pynvml name the reliability source calls is in the released wheel (the fake could drift)."""
+    code = ("import json, pynvml; from npudist.telemetry.sources.nvml_reliability import API_NAMES; "
+            "print(json.dumps([n for n in API_NAMES if not hasattr(pynvml, n)]))")
+    done = _run(["-c", code])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

@@ -140,14 +140,14 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock | None:
 
     Call on every rank after ``npudist.init()`` (it is a collective when a process group exists).
     Returns the held lock on rank 0, None on the others; raises RunDirBusy on every rank when
-    another live job holds the directory.
+    another live job holds the directory. The process's Runtime owns the lock: ``npudist.shutdown()``
+    releases it last, after the last checkpoint write and the other ranks' end (runtime.state.CLOSE_ORDER).
     """
-    import torch.distributed as dist
+    from npudist.comm import control
+    from npudist.runtime.state import current
 
-    distributed = dist.is_available() and dist.is_initialized()
-    rank = dist.get_rank() if distributed else 0
     lock, outcome = None, [None]
-    if rank == 0:
+    if control.rank() == 0:
         lock = RunDirLock(run_dir)
         try:
             lock.acquire()
@@ -155,9 +155,10 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock | None:
             lock, outcome = None, [("busy", str(exc))]
         except OSError as exc:
             lock, outcome = None, [("error", f"cannot lock run directory {run_dir}: {exc}")]
-    if distributed:
-        dist.broadcast_object_list(outcome, src=0)
+    outcome = [control.broadcast_object(outcome[0], src=0)]
     if outcome[0] is not None:
         kind, message = outcome[0]
         raise (RunDirBusy if kind == "busy" else CheckpointError)(message)
+    if lock is not None:
+        current().own("run_dir_locks", lock.release)
     return lock

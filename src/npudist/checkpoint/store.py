@@ -27,6 +27,7 @@ from npudist.checkpoint.layout import (
     verify,
 )
 from npudist.checkpoint.writer import CheckpointError, SaveHandle, writer
+from npudist.comm import control
 
 log = logging.getLogger("npudist.checkpoint")
 
@@ -170,7 +171,7 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
         import torch.distributed.checkpoint as dcp
 
         # DCP stages (copies to host) before returning; its upload runs on its own thread.
-        group = writer().side_group() if _distributed() else None
+        group = control.side_group() if _distributed() else None
         future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group)
 
         def write_files() -> None:
@@ -194,12 +195,11 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
                 time.sleep(delay)
                 published = final, _publish(root, tmp, final, step, keep, kind)
         finally:
-            if group is not None:  # every rank's wait() returns once rank 0 published (or failed)
-                flag = torch.tensor([int(published is not None)])
-                dist.broadcast(flag, src=0, group=group)
-                if rank != 0 and not flag.item():
-                    raise CheckpointError(f"checkpoint step {step} was not published: rank 0 failed "
-                                          "(its log says why)")
+            # every rank's wait() returns once rank 0 published (or failed)
+            ok = group is None or control.from_rank(published is not None, src=0, group=group)
+            if not ok and rank != 0:
+                raise CheckpointError(f"checkpoint step {step} was not published: rank 0 failed "
+                                      "(its log says why)")
         return published or (None, 0)
 
     def on_error(exc: Exception) -> CheckpointError:
@@ -216,11 +216,8 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
 
 def _raise_if_any(error: CheckpointError | None) -> None:
     """Every rank raises if any rank failed, so no rank trains on believing a checkpoint exists."""
-    if _distributed():
-        flag = torch.tensor([1 if error else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and error is None:
-            raise CheckpointError("checkpoint save failed on another rank (rank 0 logged the reason)")
+    if control.any_rank(error is not None) and error is None:
+        raise CheckpointError("checkpoint save failed on another rank (rank 0 logged the reason)")
     if error is not None:
         raise error
 

@@ -174,7 +174,9 @@ class Front:
         with self._lock:
             return len(self._reading) + self._busy
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = False) -> None:
+        """Stop listening and drop queued requests; ``wait``: also wait for the workers, whose running
+        replies are bounded by reply_timeout_s (a closing owner that must leave no thread behind)."""
         self._stop.set()
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
@@ -182,7 +184,7 @@ class Front:
             self._thread.join(5)
         else:
             self._shut()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
     def reply(self, request: Request, reply: Reply) -> None:
         """Send ``reply`` and close the connection; blocks up to reply_timeout_s on a client that stops reading."""
