@@ -237,3 +237,25 @@ def test_rank_0_behind_is_judged_by_its_own_reader_without_a_store_probe(store, 
     assert verdict["culprits"] == [0] and verdict["culprit_ranks"]["0"]["alive"] is True
     assert "rank(s) 0 never reached it" in verdict["line"] and "broadcast #2" in verdict["line"]
     assert client.calls["add"] == 0
+
+
+def test_a_job_that_moves_during_the_probe_was_slow_not_hung(store, monkeypatch):
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    client = CountingStore(store.clone())
+    ranks = [_watchdog(r, client) for r in range(3)]
+    clock = [time.time()]
+
+    def probe_wait(_s):  # rank 1 catches up while rank 0 waits for answers
+        ranks[1].enter("all_reduce", 8)
+        ranks[1]._publish()
+
+    reader = HangReader(ranks[0], 3, clock=lambda: clock[0], sleep=probe_wait)
+    for wd in ranks:
+        wd.done(wd.enter("all_reduce", 8))
+        wd.step_started()
+        if wd.record.rank != 1:
+            wd.enter("all_reduce", 8)
+        wd._publish()
+    assert reader.tick() is None
+    clock[0] += 60.0
+    assert reader.tick() is None and reader.verdict is None

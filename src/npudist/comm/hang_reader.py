@@ -73,7 +73,9 @@ class HangReader:
             self.stalled_s = self.tracker.stalled_for(now)
             if stalled is None:
                 return None
-            self._judge(records, stalled, "")
+            self._judge(records, stalled, "", recheck=True)
+            if self.verdict is None:
+                return None
         if self.wd.hang_action == "abort":
             self._order_abort()
         return self.verdict
@@ -114,10 +116,14 @@ class HangReader:
                 stacks[r] = raw.decode(errors="replace")
         return answered, stacks
 
-    def _judge(self, records: Records, stalled: float, cause: str) -> None:
+    def _judge(self, records: Records, stalled: float, cause: str, recheck: bool = False) -> None:
         found = hang.suspects(records)
         answered, stacks = self._probe(found.ranks)
-        # Records published during the probe: a rank that moved on was only slow.
+        if recheck:
+            # One more read after the probe: if any rank moved on meanwhile, the job was slow, not hung.
+            now = self.clock()
+            if self.tracker.update(now, self.read()) is None:
+                return
         verdict = hang.judge(records, found, answered, stacks, now=self.clock(), stalled_s=stalled,
                              bound_s=self.tracker.bound_s, cause=cause)
         path = self._write(verdict)
