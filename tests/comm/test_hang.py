@@ -188,17 +188,22 @@ def test_a_diagnosis_costs_o_n_store_requests(store, world, monkeypatch, tmp_pat
     assert saved["culprits"] == [5] and "rank(s) 5 never reached it" in saved["line"]
 
 
+def _one_behind(ranks: list[Watchdog], behind: int, next_op: str) -> None:
+    """Every rank enters call 1; all but ``behind`` finish it and wait in call 2 (``next_op``)."""
+    for wd in ranks:
+        seq = wd.enter("all_reduce", 8)
+        if wd.record.rank != behind:
+            wd.done(seq)
+            wd.enter(next_op, 8)
+        wd._publish()
+
+
 def test_a_live_suspect_answers_with_its_stack(store, monkeypatch):
     monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     client = CountingStore(store.clone())
     ranks = [_watchdog(r, client) for r in range(3)]
     reader = HangReader(ranks[0], 3, sleep=lambda s: ranks[1]._poll() or ranks[2]._poll())
-    for wd in ranks:
-        seq = wd.enter("all_reduce", 8)
-        if wd.record.rank != 1:
-            wd.done(seq)
-            wd.enter("all_reduce", 8)
-        wd._publish()
+    _one_behind(ranks, 1, "all_reduce")
     records = reader.read()
     reader._judge(records, 11.0, "")
     verdict = reader.verdict
@@ -226,12 +231,7 @@ def test_rank_0_behind_is_judged_by_its_own_reader_without_a_store_probe(store, 
     client = CountingStore(store.clone())
     ranks = [_watchdog(r, client) for r in range(3)]
     reader = HangReader(ranks[0], 3, sleep=lambda s: pytest.fail("no probe needed"))
-    for wd in ranks:
-        seq = wd.enter("all_reduce", 8)
-        if wd.record.rank != 0:
-            wd.done(seq)
-            wd.enter("broadcast", 8)
-        wd._publish()
+    _one_behind(ranks, 0, "broadcast")
     reader._judge(reader.read(), 12.0, "")
     verdict = reader.verdict
     assert verdict["culprits"] == [0] and verdict["culprit_ranks"]["0"]["alive"] is True
