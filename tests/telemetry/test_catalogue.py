@@ -63,7 +63,9 @@ def test_issue_metric_names_are_all_catalogued():
         "npudist_link_optical_tx_power_limit_watts", "npudist_link_optical_rx_power_limit_watts",
         # issue 26: edge inference (latency histogram and failures per rank, the NPU core mask in use)
         "npudist_edge_inference_duration_seconds", "npudist_edge_inference_failures_total",
-        "npudist_edge_runtime_info"]
+        "npudist_edge_runtime_info",
+        # issue 20: hangs
+        "npudist_hang_stall_seconds"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"
