@@ -30,7 +30,9 @@ def test_issue_metric_names_are_all_catalogued():
         # issue 15: checkpoints
         "npudist_checkpoint_snapshot_duration_seconds", "npudist_checkpoint_write_duration_seconds",
         "npudist_checkpoint_bytes_total", "npudist_checkpoint_inflight", "npudist_checkpoint_waits_total",
-        "npudist_checkpoint_failures_total"]
+        "npudist_checkpoint_failures_total",
+        # issue 20: per-rank straggler signal
+        "npudist_rank_slowdown_ratio", "npudist_rank_straggler"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"
@@ -85,9 +87,9 @@ def test_readme_threshold_table_is_generated_from_the_catalogue():
     assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue --thresholds"
 
 
-def test_the_job_uses_the_catalogue_skew_threshold():
+def test_the_straggler_alert_follows_the_jobs_own_flag():
     from npudist.telemetry.exposition.catalogue import THRESHOLDS
-    from npudist.telemetry.job.step_timer import StepTimer
-    from npudist.telemetry.job.straggler import StragglerDiagnosis
 
-    assert StepTimer().threshold == StragglerDiagnosis(".").threshold == THRESHOLDS["skew"].value == 0.12
+    t = THRESHOLDS["straggler"]
+    assert t.metric == "npudist_rank_straggler" and catalogue.BY_NAME[t.metric].type == "gauge"
+    assert "skew" not in THRESHOLDS  # stddev/mean stays a dashboard panel only: it dilutes with world size
