@@ -19,8 +19,8 @@ per window up to 1.5x: thermal throttling), ``intermittent`` (1.5x in one window
 Columns: ``det<=3`` trials whose slow rank is flagged within 3 windows of the onset (ramp: of reaching
 1.3x); ``latency`` median windows from that window to the first flag (1 = the window itself); ``false``
 windows with any other rank flagged, per 10,000 windows (all scenarios); ``aa`` flagged windows per
-10,000 in the A/A run. The detector starts the slowdown once its noise estimate has about 50 samples
-(``--warmup``): one window at 64 ranks, 51 windows at 2 (``--onset`` forces a fixed window instead).
+10,000 in the A/A run. The slowdown starts once the noise estimate holds about 200 samples
+(``--warmup``): 2 windows from 256 ranks up, 201 at 2 (``--onset`` forces a fixed window instead).
 
 ``series``: Prometheus series one rank and one job serve, counted from the catalogue and the example's
 real collectors, with default settings and with ``op_ranks`` (operator histograms on a subset of ranks).
@@ -219,16 +219,75 @@ def cmd_detector(args: argparse.Namespace) -> int:
 
 # --- series -------------------------------------------------------------------------------------------
 
-def cmd_series(args: argparse.Namespace) -> int:
-    from npudist.telemetry.job.series import series_per_rank
+RANK0_ONLY = ("npudist_step_skew_ratio", "npudist_straggler_rank")
+"""Families only rank 0 serves (the job's skew; the flagged rank, one sample while a rank is flagged)."""
+OP_FAMILY = "npudist_op_duration_seconds"
 
-    print(f"| setting | series on rank 0 | series on another rank | series per {args.ranks}-rank job |")
-    print("|---|---|---|---|")
-    for name, op_ranks in (("default", None), (f"op_ranks={args.op_ranks}", args.op_ranks)):
-        rank0 = series_per_rank(0, args.ranks, ops=args.ops, op_ranks=op_ranks)
-        other = series_per_rank(args.ranks - 1, args.ranks, ops=args.ops, op_ranks=op_ranks)
-        job = sum(series_per_rank(r, args.ranks, ops=args.ops, op_ranks=op_ranks) for r in range(args.ranks))
-        print(f"| {name} | {rank0} | {other} | {job:,} |")
+
+def measure_rank_series(steps: int, port: int) -> dict[str, int]:
+    """Series per metric family that one real rank of examples/train_ddp.py serves after ``steps`` steps
+    (a 1-rank gloo group in this process: the same collectors, the DDP hook, one profiled step)."""
+    import os
+
+    import torch
+    from prometheus_client import generate_latest
+
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    sys.path.insert(0, str(REPO / "examples"))
+    import train_ddp as example
+
+    import npudist
+    import npudist.telemetry
+
+    ctx = npudist.init("gloo")
+    args = example.parse_args(["--steps", str(steps)])
+    try:
+        torch.manual_seed(0)
+        model = example.TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation)
+        ddp = npudist.ddp(model, **example.NO_BUFFER_SYNC)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+        telemetry = npudist.telemetry.serve_rank_metrics(ctx, env={}, device_source="cpu")
+        timer = telemetry.step_timer(exchange_every=20, op_every=steps)  # the example: ops every 100
+        npudist.telemetry.watch_ddp(ddp, timer)
+        timer.step()
+        for step in range(1, steps + 1):
+            example.train_step(ddp, opt, args, step, ctx, timer.data_wait)
+            timer.step()
+        text = generate_latest(telemetry.registry).decode()
+        telemetry.close()
+    finally:
+        npudist.shutdown()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: len(f.samples) for f in text_string_to_metric_families(text) if f.samples}
+
+
+def job_series(per_family: dict[str, int], ranks: int, op_ranks: int) -> tuple[int, int, int]:
+    """(rank 0, another rank that profiles no operators or does, job total) for one setting."""
+    from npudist.telemetry.job.op_sampling import samples_ops
+
+    total_rank0 = sum(per_family.values())
+    rank0_only = sum(v for k, v in per_family.items() if k in RANK0_ONLY)
+    ops = sum(v for k, v in per_family.items() if k.startswith(OP_FAMILY))
+    other = total_rank0 - rank0_only - (0 if samples_ops(ranks - 1, ranks, op_ranks) else ops)
+    samplers = sum(samples_ops(r, ranks, op_ranks) for r in range(ranks))
+    job = ranks * (total_rank0 - rank0_only - ops) + rank0_only + samplers * ops
+    return total_rank0, other, job
+
+
+def cmd_series(args: argparse.Namespace) -> int:
+    per_family = measure_rank_series(args.steps, args.master_port)
+    ops = sum(v for k, v in per_family.items() if k.startswith(OP_FAMILY))
+    print(f"# one real rank of examples/train_ddp.py after {args.steps} steps: {sum(per_family.values())} series, "
+          f"{ops} of them the operator histogram")
+    print(f"| setting | series on rank 0 | series on rank {args.ranks - 1} | series per {args.ranks:,}-rank job "
+          "| per rank |")
+    print("|---|---|---|---|---|")
+    for name, op_ranks in (("default (every rank profiles operators)", 0), (f"op_ranks={args.op_ranks}",
+                                                                            args.op_ranks)):
+        rank0, other, job = job_series(per_family, args.ranks, op_ranks)
+        print(f"| {name} | {rank0} | {other} | {job:,} | {job / args.ranks:.1f} |")
     return 0
 
 
@@ -256,14 +315,15 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--trials", type=int, default=100)
     d.add_argument("--aa-windows", type=int, default=10000)
     d.add_argument("--rules", default=",".join(RULES))
-    d.add_argument("--warmup", type=int, default=50, help="noise samples the detector has before the onset")
+    d.add_argument("--warmup", type=int, default=200, help="noise samples the detector has before the onset")
     d.add_argument("--onset", type=int, default=None, help="fixed onset window (overrides --warmup)")
     d.add_argument("--seed", type=int, default=2020)
     d.set_defaults(func=cmd_detector)
     s = sub.add_parser("series", help="Prometheus series per rank and per job")
     s.add_argument("--ranks", type=int, default=8192)
-    s.add_argument("--ops", type=int, default=None, help="operator families seen (default: the example's)")
-    s.add_argument("--op-ranks", type=int, default=8, help="ranks that sample operators in the second row")
+    s.add_argument("--steps", type=int, default=100, help="steps of the real rank (one profiled step at the end)")
+    s.add_argument("--op-ranks", type=int, default=64, help="ranks that profile operators in the second row")
+    s.add_argument("--master-port", type=int, default=29650)
     s.set_defaults(func=cmd_series)
     for name, module in EXTERNAL.items():
         mod = _load(module)

@@ -17,7 +17,9 @@ one rank among N is slow):
    only ~1.5 sigma more than among 2, and its evidence grows as sqrt(L)).
 4. A flag also needs the mean slowdown over those L windows to reach ``min_slowdown`` (a 3 % difference
    that is real but harmless is never flagged, however quiet the job) and the latest window to be slow
-   (``z > release_z``), so a rank that recovers is released at its first normal window.
+   (``z > release_z``), so a rank that recovers is released at its first normal window. A rank already
+   flagged keeps its flag on ``hold`` x the threshold, so a noisy straggler is not announced and released
+   every other window.
 
 Ramp (thermal throttling): a rank whose step time creeps up is flagged once its slowdown over the last
 few windows passes ``min_slowdown`` with enough evidence; a slow ramp barely moves the learned noise (it
@@ -48,7 +50,7 @@ _EFFICIENCY = 2 / 3 * 0.88
 
 @dataclass(frozen=True, kw_only=True)
 class DetectorSettings:
-    false_rate: float = 1e-5
+    false_rate: float = 5e-5
     """Flagged windows per window the job may see when no rank is slow (all ranks together)."""
     max_windows: int = 3
     """Evidence is accumulated over up to this many consecutive windows."""
@@ -56,6 +58,9 @@ class DetectorSettings:
     """A rank is never flagged below this ratio to the median of the others (mean over the evidence)."""
     release_z: float = 1.0
     """A flagged rank's latest window must be at least this many noise sigmas slow to stay flagged."""
+    hold: float = 0.5
+    """A rank already flagged stays flagged while its evidence passes this fraction of the threshold
+    (hysteresis: a noisy straggler is not announced and released every other window)."""
     history: int = 512
     """Most windows the noise estimate pools (fewer once it holds ``noise_samples``)."""
     noise_samples: int = 4096
@@ -76,6 +81,8 @@ class DetectorSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.min_slowdown >= 1:
             raise ValueError(f"min_slowdown must be >= 1, got {self.min_slowdown}")
+        if not 0 < self.hold <= 1:
+            raise ValueError(f"hold must be in (0, 1], got {self.hold}")
         if not self.noise_floor > 0:
             raise ValueError(f"noise_floor must be positive, got {self.noise_floor}")
 
@@ -108,7 +115,15 @@ def t_tail(t: float, nu: float) -> float:
     return (1.0 - front * _betacf(b, a, 1.0 - x) / b) / 2
 
 
-@lru_cache(maxsize=4096)
+def _grid(nu: float) -> float:
+    """``nu`` rounded down to whole numbers up to 32, then to steps of 10 % (at most 1e4): a few dozen values,
+    so the quantile cache stays small; rounding down only widens the threshold."""
+    if nu < 32:
+        return float(max(1, math.floor(nu)))
+    return min(1e4, 32 * 1.1 ** math.floor(math.log(nu / 32) / math.log(1.1)))
+
+
+@lru_cache(maxsize=1024)
 def t_quantile(p: float, nu: float) -> float:
     """The t with P(T > t) = p (0 < p < 1/2), by bisection on t_tail."""
     lo, hi = 0.0, 1.0
@@ -180,9 +195,7 @@ class StragglerDetector:
         """Evidence (in sigmas of a sum over L windows) a rank needs with the noise known as well as now."""
         s = self.settings
         n = max(2, ranks if ranks is not None else self.world_size)
-        # Rounded degrees of freedom keep the quantile cache small; rounding down widens the threshold.
-        nu = max(1.0, math.floor(self.noise_dof * 4) / 4)
-        return t_quantile(s.false_rate / (n * s.max_windows), min(nu, 1e4))
+        return t_quantile(s.false_rate / (n * s.max_windows), _grid(self.noise_dof))
 
     def update(self, window_means: Sequence[float] | np.ndarray) -> list[int]:
         means = np.asarray(window_means, dtype=float)
@@ -243,11 +256,13 @@ class StragglerDetector:
         evidence = np.zeros(self.world_size, dtype=bool)
         total = np.zeros(self.world_size)
         min_log = math.log(s.min_slowdown)
+        needed = np.full(self.world_size, threshold)
+        needed[self.flagged] *= s.hold
         for length in range(1, min(s.max_windows, self.windows) + 1):
             total = total + recent[length - 1]  # NaN (a window without this rank) ends its run
             stat = total / (self.noise * math.sqrt(length))
             with np.errstate(invalid="ignore"):
-                evidence |= (stat > threshold) & (total / length >= min_log)
+                evidence |= (stat > needed) & (total / length >= min_log)
         with np.errstate(invalid="ignore"):
             flagged = evidence & (latest / self.noise > s.release_z)
         return [int(r) for r in np.flatnonzero(flagged)]

@@ -91,11 +91,14 @@ class StepTimer:
     setting). Every rank feeds the rows to its own StragglerDetector (same rows, same verdict, so each rank
     exports its own flag without another message); rank 0 logs one line when a rank becomes a straggler and
     one when it recovers. Every ``op_every`` steps (0 = never) one step runs under torch.profiler and its
-    operator self times feed npudist_op_duration_seconds. ``straggler_settings`` go to StragglerDetector.
+    operator self times feed npudist_op_duration_seconds, on every rank or, with ``op_ranks`` = k > 0, on
+    about k ranks spread over the job (op_sampling.samples_ops). ``straggler_settings`` go to
+    StragglerDetector.
     """
 
     def __init__(self, metrics: TrainingMetrics | None = None, *, exchange_every: int = 20,
-                 straggler_settings: Mapping[str, Any] | None = None, op_every: int = 0, group: Any = None,
+                 straggler_settings: Mapping[str, Any] | None = None, op_every: int = 0, op_ranks: int = 0,
+                 group: Any = None,
                  vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
                  device_type: str = "cpu", rank_device: RankDevice | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -108,6 +111,9 @@ class StepTimer:
         self.metrics = metrics or TrainingMetrics()
         self.exchange_every, self.op_every = exchange_every, op_every
         self.group = group
+        rank, world = _rank_and_world(group)
+        if not op_sampling.samples_ops(rank, world, op_ranks):
+            self.op_every = 0  # op_ranks: only a spread-out subset of ranks profiles operators
         self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
         self.rank_device = rank_device
         """This rank's physical device, exchanged so the straggler is named by its card and chip."""
@@ -259,6 +265,14 @@ class StepTimer:
         flagged = self.detector.update(report.means)
         ratios = tuple(float(r) if math.isfinite(r) else None for r in self.detector.ratios)
         return replace(report, ratios=ratios, flagged=tuple(flagged))
+
+
+def _rank_and_world(group: Any) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], int]:
