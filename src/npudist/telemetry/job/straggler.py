@@ -15,6 +15,7 @@ import statistics
 import time
 from collections import deque
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from npudist.telemetry.job.skew import SkewReport
@@ -23,11 +24,11 @@ log = logging.getLogger("npudist.telemetry")
 
 CAUSES = ("compute", "communication", "data")
 """Cause classes, in the order ties are broken."""
-CAUSE_TEXT = {
+CAUSE_TEXT = MappingProxyType({
     "compute": "its own compute is slower",
     "communication": "it waits longer in exposed communication",
     "data": "it waits for data before the forward",
-}
+})
 
 
 def _at(values: tuple, rank: int) -> Any:
