@@ -13,12 +13,15 @@ a live job holds exits at once, naming the holder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import inspect
 import math
 import os
 import signal
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 import torch.nn as nn
@@ -54,8 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-checkpoints", action="store_true",
                    help="write checkpoints in the training loop instead of in the background")
     p.add_argument("--straggler-diagnosis", type=int, default=0, metavar="WINDOWS",
-                   help="with --run-dir: write a straggler diagnosis after this many skewed windows in a row")
-    p.add_argument("--slow-rank", type=int, default=-1, help="testing: this rank sleeps --slow-ms per step")
+                   help="with --run-dir: write a straggler diagnosis once the detector flags a rank in this "
+                        "many windows in a row")
+    p.add_argument("--slow-rank", type=int, default=-1,
+                   help="testing: this rank sleeps --slow-ms per step, plus (--slow-factor - 1) x its step time")
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--fault", choices=FAULTS, default=None,
                    help="testing hang diagnosis: --fault-rank misbehaves at --fault-step (sigstop, sigkill: "
@@ -64,7 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "loss average that every rank runs when --fault is given)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=3)
+    p.add_argument("--slow-factor", type=float, default=1.0,
+                   help="testing: the slow rank's steps take this many times as long (1.3 = a 1.3x rank)")
+    p.add_argument("--slow-from", type=int, default=1, help="testing: the first step the slow rank is slow")
     p.add_argument("--exchange-every", type=int, default=20, help="steps between cross-rank skew exchanges")
+    p.add_argument("--op-ranks", type=int, default=0,
+                   help="profile operators on about this many ranks spread over the job (0 = every rank)")
     p.add_argument("--global-batch-size", type=int, default=32, help="sequences per step over all ranks")
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--vocab", type=int, default=64)
@@ -178,11 +188,14 @@ NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in i
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, step: int,
-               ctx: npudist.DistContext) -> torch.Tensor:
-    """One optimizer step on this rank's share of the step's global batch; returns the loss."""
+               ctx: npudist.DistContext,
+               data_wait: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
+    """One optimizer step on this rank's share of the step's global batch; returns the loss. Building the
+    batch runs under ``data_wait`` (the step timer's), so a rank slowed by its data is named as such."""
     per_rank = args.global_batch_size // ctx.world_size
-    batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
-    mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
+    with data_wait():
+        batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
+        mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
     inject(args, step, ctx.rank, "start")
     logits = model(mine[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
@@ -247,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
     timer = None
     if telemetry is not None:
-        timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100)
+        timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100, op_ranks=args.op_ranks)
         npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
         if args.straggler_diagnosis and args.run_dir and ctx.is_main:
             from npudist.telemetry.job.straggler import StragglerDiagnosis
@@ -261,15 +274,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
+            began = time.perf_counter()
             try:
-                loss = train_step(ddp, opt, args, step, ctx)
+                loss = train_step(ddp, opt, args, step, ctx, timer.data_wait if timer else contextlib.nullcontext)
             except StopIteration:  # --fault skip
                 break
             except Exception:
                 dump_flight_recorder(ctx.rank)
                 raise
-            if ctx.rank == args.slow_rank:
-                time.sleep(args.slow_ms / 1000)
+            if ctx.rank == args.slow_rank and step >= args.slow_from:
+                took = time.perf_counter() - began
+                time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
             seconds = end_step()
             window_samples += args.global_batch_size
             if step == 1 or step % args.log_every == 0 or step == args.steps:

@@ -178,6 +178,8 @@ KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
         Field("skew", "number", "stddev/mean of the ranks' window means (ratio)"),
         Field("straggler", "count", "rank with the longest mean", required=True),
         Field("means", "numbers", "mean step seconds per rank"),
+        Field("flagged", "numbers", "ranks the StragglerDetector flagged at this window"),
+        Field("ratios", "numbers", "each rank's window mean over the median of the other ranks'"),
     )),
     Kind("device", "a logged step, when the rank's device source has a new reading", (
         Field("vendor", "text", "vendor row name"),

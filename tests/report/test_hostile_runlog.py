@@ -140,8 +140,9 @@ def _record(kind: str, values: dict) -> dict:
 @given(records=st.lists(st.tuples(st.sampled_from(list(schema.KINDS)),
                                   st.dictionaries(st.sampled_from(["time", "step", "loss", "step_seconds", "skew",
                                                                    "means", "straggler", "first_step", "last_step",
-                                                                   "wall_seconds", "ops", "power_watts", "world",
-                                                                   "node", "v"]), _JSON, max_size=5)),
+                                                                   "flagged", "ratios", "wall_seconds", "ops",
+                                                                   "power_watts", "world", "node", "v"]),
+                                                  _JSON, max_size=5)),
                         min_size=1, max_size=8))
 def test_any_record_values_render(tmp_path_factory, records):
     tmp_path = tmp_path_factory.mktemp("h")

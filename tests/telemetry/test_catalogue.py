@@ -65,7 +65,9 @@ def test_issue_metric_names_are_all_catalogued():
         "npudist_edge_inference_duration_seconds", "npudist_edge_inference_failures_total",
         "npudist_edge_runtime_info",
         # issue 20: hangs
-        "npudist_hang_stall_seconds"]
+        "npudist_hang_stall_seconds",
+        # issue 20: per-rank straggler signal
+        "npudist_rank_slowdown_ratio", "npudist_rank_straggler"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"
@@ -120,9 +122,9 @@ def test_readme_threshold_table_is_generated_from_the_catalogue():
     assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue --thresholds"
 
 
-def test_the_job_uses_the_catalogue_skew_threshold():
+def test_the_straggler_alert_follows_the_jobs_own_flag():
     from npudist.telemetry.exposition.catalogue import THRESHOLDS
-    from npudist.telemetry.job.step_timer import StepTimer
-    from npudist.telemetry.job.straggler import StragglerDiagnosis
 
-    assert StepTimer().threshold == StragglerDiagnosis(".").threshold == THRESHOLDS["skew"].value == 0.12
+    t = THRESHOLDS["straggler"]
+    assert t.metric == "npudist_rank_straggler" and catalogue.BY_NAME[t.metric].type == "gauge"
+    assert "skew" not in THRESHOLDS  # stddev/mean stays a dashboard panel only: it dilutes with world size

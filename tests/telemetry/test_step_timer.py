@@ -6,7 +6,7 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from npudist.telemetry.job import op_sampling
-from npudist.telemetry.job.skew import describe, skew_report
+from npudist.telemetry.job.skew import skew_report
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from tests.telemetry.exp_helpers import families, samples
 
@@ -100,10 +100,7 @@ def test_skew_report_by_hand():
     assert r.straggler == 3
     assert r.skew == pytest.approx(0.04330127 / 0.125, rel=1e-6)
     assert r.temperatures == (50.0, 51.0, None, 88.5)
-    line = describe(r, 0.12)
-    assert "rank 3 is slowest at 0.2000 s/step" in line
-    assert "steps 21-40" in line and "88.5 C" in line and "1200 MHz" in line
-    assert "n/a" in describe(skew_report(1, 2, [[0.1, math.nan, math.nan], [0.3, math.nan, math.nan]]), 0.12)
+    assert r.data_waits == r.comm_waits == (None,) * 4  # rows without the section columns
 
 
 def test_equal_ranks_have_no_skew_and_ties_pick_the_lowest_rank():
@@ -111,27 +108,79 @@ def test_equal_ranks_have_no_skew_and_ties_pick_the_lowest_rank():
     assert r.skew == 0.0 and r.straggler == 0
 
 
-def test_threshold_warning_is_logged_on_rank_zero(monkeypatch, caplog):
+def test_straggler_warned_once_when_flagged_and_once_when_it_recovers(monkeypatch, caplog):
     from npudist.telemetry.job import step_timer
 
-    monkeypatch.setattr(step_timer, "_all_gather_rows",
-                        lambda row, group: ([row, [row[0] * 2, 70.0, 1.5e9]], 0))
+    # 4 ranks, 1 % alternating noise; rank 1 runs 1.5x from the 6th window to the 11th, with its data wait.
+    window = [0]
+
+    def gather(row, group):
+        k = window[0]
+        window[0] += 1
+        rows = [[row[0] * (1.01 if (k + r) % 2 else 0.99), 60.0, 1.5e9, 0.9, float(r), 0.0, 0.001, 0.002]
+                for r in range(4)]
+        if 5 <= k < 11:
+            rows[1][0] *= 1.5
+        return rows, 0
+
+    monkeypatch.setattr(step_timer, "_all_gather_rows", gather)
     clock = FakeClock()
-    timer = StepTimer(exchange_every=2, clock=clock)
+    timer = StepTimer(exchange_every=1, clock=clock)
+    flagged = []
     with caplog.at_level(logging.WARNING, logger="npudist.telemetry"):
-        for _ in range(2):
+        for _ in range(16):
             with timer:
                 clock.now += 0.1
-    assert timer.metrics.skew is not None and timer.metrics.skew.straggler == 1
-    assert timer.metrics.skew.skew == pytest.approx(1 / 3)  # means 0.1 and 0.2: std 0.05 / mean 0.15
-    assert "rank 1 is slowest at 0.2000 s/step" in caplog.text and "70.0 C" in caplog.text
+            flagged.append(timer.last_report.flagged)
+    assert all(f == () for f in flagged[:5]) and all(f == () for f in flagged[11:])
+    assert (1,) in flagged[5:8] and all(f in ((), (1,)) for f in flagged)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("straggler:")]
+    assert len(lines) == 2, lines  # not one per window
+    assert "rank 1 (device 1 chip 0) works 1.5" in lines[0] and "cause: compute" in lines[0]
+    assert "60.0 C" in lines[0] and "1500 MHz" in lines[0]
+    assert "rank 1 (device 1 chip 0) recovered" in lines[1]
+    fams = _fams(timer.metrics)
+    assert samples(fams, "npudist_rank_straggler") == {
+        (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", ""), ("rank", "0")): 0.0}
+    assert "npudist_straggler_rank" not in fams or not fams["npudist_straggler_rank"].samples  # none flagged
+
+
+def test_flagged_rank_exports_its_flag_and_rank_zero_names_it(monkeypatch):
+    from npudist.telemetry.job import step_timer
+
+    rows = [[0.1 * (1 + 0.01 * ((k * 7 + r) % 3)), *[math.nan] * 5, 0.0, 0.0] for r in range(8) for k in (0,)]
+    calls = [0]
+
+    def gather(row, group):
+        calls[0] += 1
+        out = [[v * (1 + 0.01 * ((calls[0] + i) % 3)) if j == 0 else v for j, v in enumerate(r)]
+               for i, r in enumerate(rows)]
+        out[5][0] *= 2.0
+        return out, 0
+
+    monkeypatch.setattr(step_timer, "_all_gather_rows", gather)
+    for me in (0, 5):
+        metrics = TrainingMetrics([str(me), str(me), "n1", "", ""])
+        timer = StepTimer(metrics, exchange_every=1, clock=FakeClock())
+        calls[0] = 0
+        for _ in range(8):
+            timer.step()
+        metrics.rank = me  # what the exchange reports on that rank
+        fams = _fams(metrics)
+        key = (("chip", ""), ("device", ""), ("local_rank", str(me)), ("node", "n1"), ("rank", str(me)))
+        assert samples(fams, "npudist_rank_straggler") == {key: 1.0 if me == 5 else 0.0}
+        ratio = samples(fams, "npudist_rank_slowdown_ratio")[key]
+        assert ratio == pytest.approx(2.0, rel=0.05) if me == 5 else ratio == pytest.approx(1.0, rel=0.05)
+        assert (samples(fams, "npudist_straggler_rank") == {key: 5.0}) == (me == 0)
 
 
 def test_invalid_settings_are_refused():
     with pytest.raises(ValueError, match="exchange_every"):
         StepTimer(exchange_every=-1)
-    with pytest.raises(ValueError, match="skew_threshold"):
-        StepTimer(skew_threshold=0)
+    with pytest.raises(ValueError, match="false_rate"):
+        StepTimer(straggler_settings={"false_rate": 0})
+    with pytest.raises(TypeError):
+        StepTimer(straggler_settings={"no_such_setting": 1})
 
 
 @pytest.mark.parametrize(("name", "family"), [

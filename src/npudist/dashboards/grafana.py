@@ -42,6 +42,8 @@ def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
         "options": {}, "targets": targets,
     }
+    if p.no_value:
+        out["fieldConfig"]["defaults"]["noValue"] = p.no_value
     if p.type == "table":
         out["transformations"] = [{"id": "labelsToFields", "options": {}}]
     return out

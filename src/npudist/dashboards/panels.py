@@ -36,6 +36,8 @@ class Panel:
     description: str = ""
     width: int = 12
     """Grid columns out of 24."""
+    no_value: str = ""
+    """What the panel shows when its query returns nothing (Grafana's ``noValue``); "" = Grafana's default."""
 
 
 @dataclass(frozen=True)
@@ -243,10 +245,16 @@ TRAINING = Dashboard(
         Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{SEL}}}", "rank {{rank}}"),)),
         Panel("Steps/s", "ops", (_q(f"sum by (rank) (rate(npudist_steps_total{{{SEL}}}[{RATE}]))", "rank {{rank}}"),)),
         Panel("Cross-rank skew", "percentunit", (_q("max by (job) (npudist_step_skew_ratio{job=~\"$job\"})", "skew"),),
-              description=f"stddev/mean of the ranks' step times; the straggler alert fires above "
-                          f"{_T['skew'].text} for {_T['skew'].for_words}."),
+              description="stddev/mean of the ranks' work times per window. It dilutes as 1/sqrt(ranks) when one "
+                          "rank is slow, so the straggler alert and diagnosis use the per-rank slowdown instead."),
+        Panel("Slowest ranks (top 5 slowdown)", "none", (
+            _q("topk(5, npudist_rank_slowdown_ratio{job=~\"$job\"})",
+               "rank {{rank}} device {{device}} chip {{chip}}"),),
+              description="Each rank's work time over the median of the other ranks' (1 = typical). The straggler "
+                          f"alert fires while the job's detector flags a rank for {_T['straggler'].for_words}."),
         Panel("Straggler rank", "none", (_q("max by (job) (npudist_straggler_rank{job=~\"$job\"})", "rank"),),
-              type="stat", width=6),
+              type="stat", width=6, no_value="none",
+              description="The flagged rank with the largest slowdown; none while the detector flags no rank."),
         Panel("Straggler's node: hottest device", "celsius", (
             _q("npudist:node_device_temperature_celsius:max and on (node) "
                "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9,

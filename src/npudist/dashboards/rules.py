@@ -1,6 +1,6 @@
 """Prometheus alerting and recording rules as data, rendered to one rules file.
 
-Thresholds come from the catalogue's THRESHOLDS (backlog, skew, fragmentation, matmul time; shared with the
+Thresholds come from the catalogue's THRESHOLDS (backlog, straggler, fragmentation, matmul time; shared with the
 job's own checks and the README) or from ``limits.py``. Each
 alert carries ``severity`` (P1 page now, P2 look today, P3 look this week), a summary, a description naming
 the rank or device, and ``runbook``: a section of docs/runbook.md whose anchor is the alert name in lower case.
@@ -105,8 +105,9 @@ _WHERE = "rank {{ $labels.rank }} on {{ $labels.node }} (job {{ $labels.job }})"
 _DEVICE = "device {{ $labels.device }} chip {{ $labels.chip }} ({{ $labels.model }}) on {{ $labels.node }}"
 
 _T = THRESHOLDS
-_BACKLOG_P1, _BACKLOG, _SKEW, _FRAG, _MATMUL = (
-    _T["backlog_critical"], _T["backlog"], _T["skew"], _T["fragmentation"], _T["matmul_seconds"])
+_BACKLOG_P1, _BACKLOG, _STRAGGLER, _FRAG, _MATMUL = (
+    _T["backlog_critical"], _T["backlog"], _T["straggler"], _T["fragmentation"], _T["matmul_seconds"])
+_RANK_DEVICE = "rank {{ $labels.rank }} (device {{ $labels.device }} chip {{ $labels.chip }}) on {{ $labels.node }}"
 
 # Reliability and network alerts. Limits: a link that went up 3 times in 15 minutes flaps; a PFC storm is
 # more than 1000 PFC frames/s for 5 minutes (a pause storm stalls the whole lossless class; MindCluster's
@@ -187,12 +188,16 @@ ALERTS: tuple[Alert, ...] = (
           f"sum by (job, node, rank) (npudist_collective_inflight) > {_BACKLOG.value:g}", _BACKLOG.for_, "P2",
           f"More than {_BACKLOG.text} collectives in flight for {_BACKLOG.for_words}",
           f"{_WHERE} keeps {{{{ $value }}}} async collectives in flight: communication is falling behind compute."),
-    Alert(_SKEW.alert,
-          "max by (job) (npudist_straggler_rank)\nand on (job)\n"
-          f"(max by (job) (npudist_step_skew_ratio) > {_SKEW.value:g})",
-          _SKEW.for_, "P2", f"One rank slows the whole job (step skew above {_SKEW.text} for {_SKEW.for_words})",
-          "Rank {{ $value }} of job {{ $labels.job }} is the slowest; every other rank waits for it at each "
-          "collective. Check its device temperature and clock on the Training sync dashboard."),
+    # Every rank runs the same detector on the same exchanged rows and exports its own flag: one alert per
+    # flagged rank, carrying its device labels, valued at its slowdown.
+    Alert(_STRAGGLER.alert,
+          "npudist_rank_slowdown_ratio\nand on (job, rank)\n"
+          f"(npudist_rank_straggler > {_STRAGGLER.value:g})",
+          _STRAGGLER.for_, "P2", f"One rank slows the whole job (flagged by the straggler detector for "
+          f"{_STRAGGLER.for_words})",
+          f"{_RANK_DEVICE} (job {{{{ $labels.job }}}}) works {{{{ $value | printf \"%.2f\" }}}}x the median of the "
+          "other ranks; every other rank waits for it at each collective. The job log and "
+          "RUN_DIR/straggler-step*.json name the cause (compute, communication, data)."),
     Alert(_FRAG.alert,
           f"npudist_allocator_fragmentation_ratio > {_FRAG.value:g}", _FRAG.for_, "P3",
           f"Allocator fragmentation above {_FRAG.text} for {_FRAG.for_words}",

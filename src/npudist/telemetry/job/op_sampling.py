@@ -37,6 +37,20 @@ OP_FAMILIES: Mapping[str, str] = MappingProxyType({
 })
 
 
+def samples_ops(rank: int, world_size: int, op_ranks: int) -> bool:
+    """Whether ``rank`` profiles operators when only about ``op_ranks`` ranks of ``world_size`` do (0 = all).
+
+    Every ``world_size // op_ranks``-th rank, rank 0 first: the operator histogram is ~100 series per rank
+    (one histogram per family), half of a rank's series; ranks of one job run the same operators, so a
+    spread-out sample keeps the per-operator view while the job's series stay near 100 per rank at scale.
+    """
+    if op_ranks < 0:
+        raise ValueError(f"op_ranks must be >= 0 (0 = every rank), got {op_ranks}")
+    if op_ranks == 0 or op_ranks >= world_size:
+        return True
+    return rank % (world_size // op_ranks) == 0
+
+
 def normalise(name: str) -> str | None:
     """The op family of a profiler event name, or None when it is not a tracked leaf kernel."""
     return OP_FAMILIES.get(name.strip())

@@ -45,7 +45,8 @@ def step_record(step: int, loss: float | None, step_seconds: float | None) -> di
 def skew_record(report: SkewReport) -> dict[str, Any]:
     return {"kind": "skew", "first_step": report.first_step, "last_step": report.last_step,
             "skew": _number(report.skew), "straggler": report.straggler,
-            "means": [_number(m) for m in report.means]}
+            "means": [_number(m) for m in report.means], "flagged": [int(r) for r in report.flagged],
+            "ratios": [_number(r) for r in report.ratios]}
 
 
 def device_record(reading: DeviceReading) -> dict[str, Any] | None:

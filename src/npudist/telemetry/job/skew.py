@@ -1,4 +1,9 @@
-"""Step-time skew across ranks: pure arithmetic over the window means the ranks exchanged."""
+"""The exchanged window: every rank's mean work time, sections and vitals; skew is pure arithmetic over it.
+
+Skew (stddev/mean) is the seed's dashboard number; it dilutes as 1/sqrt(N) with one slow rank among N, so
+alerts and the diagnosis use the per-rank verdict of npudist.telemetry.job.detector, carried here as
+``ratios`` and ``flagged``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from npudist.telemetry.exposition.catalogue import THRESHOLDS
-
-DEFAULT_THRESHOLD = THRESHOLDS["skew"].value
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,14 @@ class SkewReport:
     """Device utilization ratio of each rank, where the rows carried a fourth column."""
     devices: tuple[tuple[int, int] | None, ...] = ()
     """(device id, chip id) of each rank's physical device (npu-smi NPU ID and chip), where known."""
+    data_waits: tuple[float | None, ...] = ()
+    """Mean seconds per step each rank waited for its data before the forward (part of its work)."""
+    comm_waits: tuple[float | None, ...] = ()
+    """Mean seconds per step each rank waited in exposed communication (DDP gradient sync; not work)."""
+    ratios: tuple[float | None, ...] = ()
+    """Each rank's window mean over the median of the other ranks' (StragglerDetector.ratios)."""
+    flagged: tuple[int, ...] = ()
+    """Ranks the StragglerDetector flags at this window."""
 
 
 def _known(v: float) -> float | None:
@@ -40,30 +49,19 @@ def _device(row: Sequence[float]) -> tuple[int, int] | None:
     return int(row[4]), int(row[5])
 
 
+def _column(rows: Sequence[Sequence[float]], i: int) -> tuple[float | None, ...]:
+    return tuple(_known(r[i]) if len(r) > i else None for r in rows)
+
+
 def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]) -> SkewReport:
-    """Build a report from one (mean_s, temperature_c, frequency_hz[, utilization[, device_id, chip_id]]) row
-    per rank; NaN = unknown."""
+    """Build a report from one (mean_s, temperature_c, frequency_hz[, utilization[, device_id, chip_id
+    [, data_wait_s, comm_wait_s]]]) row per rank; NaN = unknown."""
     if not rows:
         raise ValueError("skew needs at least one rank's window mean")
     means = tuple(float(r[0]) for r in rows)
     avg = statistics.fmean(means)
     std = statistics.pstdev(means)  # exact arithmetic: equal ranks give exactly 0
     straggler = max(range(len(means)), key=lambda i: (means[i], -i))
-    utils = tuple(_known(r[3]) if len(r) > 3 else None for r in rows)
-    return SkewReport(first_step, last_step, means, tuple(_known(r[1]) for r in rows),
-                      tuple(_known(r[2]) for r in rows), std / avg if avg > 0 else 0.0, straggler, utils,
-                      tuple(_device(r) for r in rows))
-
-
-def describe(report: SkewReport, threshold: float) -> str:
-    """The warning line: which rank is slow, by how much, and how hot and fast its device runs."""
-    r = report.straggler
-    temp, freq = report.temperatures[r], report.frequencies[r]
-    avg = sum(report.means) / len(report.means)
-    device = report.devices[r] if r < len(report.devices) else None
-    where = "" if device is None else f" (device {device[0]} chip {device[1]})"
-    return (f"step time skew {report.skew:.3f} > {threshold:g} over steps "
-            f"{report.first_step}-{report.last_step}: "
-            f"rank {r}{where} is slowest at {report.means[r]:.4f} s/step (mean over ranks {avg:.4f} s); "
-            f"its device temperature {'n/a' if temp is None else f'{temp:.1f} C'}, "
-            f"frequency {'n/a' if freq is None else f'{freq / 1e6:.0f} MHz'}")
+    return SkewReport(first_step, last_step, means, _column(rows, 1), _column(rows, 2),
+                      std / avg if avg > 0 else 0.0, straggler, _column(rows, 3), tuple(_device(r) for r in rows),
+                      _column(rows, 6), _column(rows, 7))

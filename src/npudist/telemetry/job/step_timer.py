@@ -6,15 +6,19 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from npudist.telemetry.exposition.catalogue import family, rank_label_values
 from npudist.telemetry.job import op_sampling
+from npudist.telemetry.job.detector import StragglerDetector
 from npudist.telemetry.job.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
-from npudist.telemetry.job.skew import DEFAULT_THRESHOLD, SkewReport, describe, skew_report
+from npudist.telemetry.job.skew import SkewReport, skew_report
+from npudist.telemetry.job.straggler import StragglerWarnings
 from npudist.telemetry.sources.readings import RankDevice
 
 log = logging.getLogger("npudist.telemetry")
@@ -33,6 +37,8 @@ class TrainingMetrics:
         self._ops: dict[str, Histogram] = {}
         self._lock = threading.Lock()
         self.skew: SkewReport | None = None
+        self.rank: int | None = None
+        """This process's rank in the exchange (set at the first one)."""
 
     def observe_op(self, op: str, seconds: float) -> None:
         with self._lock:
@@ -49,13 +55,7 @@ class TrainingMetrics:
         fam = family("npudist_steps_total")
         fam.add_metric(self.labels, count)
         yield fam
-        report = self.skew
-        skew, straggler = family("npudist_step_skew_ratio"), family("npudist_straggler_rank")
-        if report is not None:
-            skew.add_metric(self.labels, report.skew)
-            straggler.add_metric(self.labels, report.straggler)
-        yield skew
-        yield straggler
+        yield from self._straggler_families(self.skew, self.rank)
         fam = family("npudist_op_duration_seconds")
         with self._lock:
             ops = sorted(self._ops.items())
@@ -65,34 +65,63 @@ class TrainingMetrics:
         yield fam
 
 
+    def _straggler_families(self, report: SkewReport | None, rank: int | None) -> Iterator[Metric]:
+        """Every rank: its own slowdown ratio and flag (O(1) series per rank). Rank 0: the job's skew and the
+        flagged rank with the largest slowdown (absent while no rank is flagged)."""
+        skew, straggler = family("npudist_step_skew_ratio"), family("npudist_straggler_rank")
+        ratio, flagged = family("npudist_rank_slowdown_ratio"), family("npudist_rank_straggler")
+        if report is not None and rank is not None:
+            mine = report.ratios[rank] if rank < len(report.ratios) else None
+            if mine is not None and math.isfinite(mine):
+                ratio.add_metric(self.labels, mine)
+            flagged.add_metric(self.labels, 1.0 if rank in report.flagged else 0.0)
+            if rank == 0:
+                skew.add_metric(self.labels, report.skew)
+                if report.flagged:
+                    worst = max(report.flagged, key=lambda r: (report.ratios[r] or 0.0, -r))
+                    straggler.add_metric(self.labels, worst)
+        yield from (skew, straggler, ratio, flagged)
+
+
 class StepTimer:
     """Times training steps, as ``with timer:`` around a step or ``timer.step()`` at the end of each.
 
-    Every ``exchange_every`` steps all ranks all_gather their window mean with their device's vitals and
-    physical ids (one tensor of 6 floats, so every rank must use the same setting); rank 0 publishes the
-    skew and straggler and logs a warning when the skew exceeds ``skew_threshold``. Every ``op_every``
-    steps (0 = never) one step runs under torch.profiler and its operator self times feed
-    npudist_op_duration_seconds.
+    Every ``exchange_every`` steps all ranks all_gather their window mean work time with their device's
+    vitals, physical ids and section times (one tensor of 8 floats, so every rank must use the same
+    setting). Every rank feeds the rows to its own StragglerDetector (same rows, same verdict, so each rank
+    exports its own flag without another message); rank 0 logs one line when a rank becomes a straggler and
+    one when it recovers. Every ``op_every`` steps (0 = never) one step runs under torch.profiler and its
+    operator self times feed npudist_op_duration_seconds, on every rank or, with ``op_ranks`` = k > 0, on
+    about k ranks spread over the job (op_sampling.samples_ops). ``straggler_settings`` go to
+    StragglerDetector.
     """
 
     def __init__(self, metrics: TrainingMetrics | None = None, *, exchange_every: int = 20,
-                 skew_threshold: float = DEFAULT_THRESHOLD, op_every: int = 0, group: Any = None,
+                 straggler_settings: Mapping[str, Any] | None = None, op_every: int = 0, op_ranks: int = 0,
+                 group: Any = None,
                  vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
                  device_type: str = "cpu", rank_device: RankDevice | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if exchange_every < 0 or op_every < 0:
             raise ValueError("exchange_every and op_every must be >= 0 (0 turns the feature off)")
-        if not skew_threshold > 0:
-            raise ValueError(f"skew_threshold must be positive, got {skew_threshold}")
+        self.straggler_settings = dict(straggler_settings or {})
+        StragglerDetector(2, **self.straggler_settings)  # refuse bad settings now, not at the first exchange
+        self.detector: StragglerDetector | None = None
+        self.warnings = StragglerWarnings()
         self.metrics = metrics or TrainingMetrics()
         self.exchange_every, self.op_every = exchange_every, op_every
-        self.threshold, self.group = skew_threshold, group
+        self.group = group
+        rank, world = _rank_and_world(group)
+        if not op_sampling.samples_ops(rank, world, op_ranks):
+            self.op_every = 0  # op_ranks: only a spread-out subset of ranks profiles operators
         self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
         self.rank_device = rank_device
         """This rank's physical device, exchanged so the straggler is named by its card and chip."""
         self.steps_done = 0
         self._window: list[float] = []
+        self._window_data = self._window_comm = 0.0
         self._waited = 0.0
+        self._data_waited = 0.0
         self._wait_total: Callable[[], float] | None = None
         self._wait_seen = 0.0
         self._started: float | None = None
@@ -138,7 +167,7 @@ class StepTimer:
         """
         self._stop_profiler(feed=False)
         self._started = None
-        self._waited = 0.0
+        self._waited = self._data_waited = 0.0
 
     def _end_step(self) -> float:
         if self.synchronize is not None:
@@ -154,7 +183,9 @@ class StepTimer:
         # Skew compares the time each rank spent *working*: in synchronous data parallelism the fast
         # ranks spend the difference waiting in collectives, so their wall step times equal the slow one's.
         self._window.append(max(0.0, seconds - self._waited))
-        self._waited = 0.0
+        self._window_comm += min(self._waited, seconds)
+        self._window_data += min(self._data_waited, seconds)
+        self._waited = self._data_waited = 0.0
         if self.exchange_every and self.steps_done % self.exchange_every == 0:
             self._exchange()
         return seconds
@@ -163,6 +194,20 @@ class StepTimer:
         """Time this step spent blocked in a collective; excluded from skew, not from
         npudist_step_duration_seconds."""
         self._waited += seconds
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Time this step waited for its input before the forward (loader, host-to-device copy): part of the
+        rank's work, reported apart so a straggler's cause can say "data"."""
+        self._data_waited += seconds
+
+    @contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """``with timer.data_wait(): batch = next(loader)``: the block's time counts as data wait."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self._data_waited += self.clock() - start
 
     def count_waits(self, total: Callable[[], float]) -> None:
         """Read ``total()``, a cumulative count of seconds spent waiting in collectives, at the end of each
@@ -193,24 +238,41 @@ class StepTimer:
     def _exchange(self) -> None:
         window, self._window = self._window, []
         mean = sum(window) / len(window)
+        data, comm = self._window_data / len(window), self._window_comm / len(window)
+        self._window_data = self._window_comm = 0.0
         vitals = tuple(self.vitals()) if self.vitals is not None else ()
         vitals += (None,) * (3 - len(vitals))
         where = (math.nan, math.nan) if self.rank_device is None else \
             (float(self.rank_device.device_id), float(self.rank_device.chip_id))  # float32-exact below 2**24
-        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3]), *where]
+        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3]), *where, data, comm]
         rows, rank = _all_gather_rows(row, self.group)
         first = self.steps_done - len(window) + 1
-        report = skew_report(first, self.steps_done, rows)
+        report = self._judge(skew_report(first, self.steps_done, rows))
         self.last_report = report
         for hook in self.on_exchange:
             try:
                 hook(report)
             except Exception as exc:  # a recorder must never stop training
                 log.warning("skew hook failed after step %d: %s", self.steps_done, exc)
+        self.metrics.rank, self.metrics.skew = rank, report
         if rank == 0:
-            self.metrics.skew = report
-            if report.skew > self.threshold:
-                log.warning("%s", describe(report, self.threshold))
+            self.warnings(report)
+
+    def _judge(self, report: SkewReport) -> SkewReport:
+        n = len(report.means)
+        if self.detector is None or self.detector.world_size != n:
+            self.detector = StragglerDetector(n, **self.straggler_settings)
+        flagged = self.detector.update(report.means)
+        ratios = tuple(float(r) if math.isfinite(r) else None for r in self.detector.ratios)
+        return replace(report, ratios=ratios, flagged=tuple(flagged))
+
+
+def _rank_and_world(group: Any) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], int]:

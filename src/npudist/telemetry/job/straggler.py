@@ -1,48 +1,131 @@
-"""Straggler action: when the skew alert condition holds for N windows in a row, write a diagnosis.
+"""Straggler verdicts in words and on disk: the cause class, the console lines, RUN_DIR/straggler-step*.json.
 
-The alert (rules in npudist.dashboards) fires when skew stays above the catalogue's ``skew`` threshold
-for its duration; in the job the same condition is counted in exchange windows, so the diagnosis lands
-next to the checkpoints while the slow card is still slow: which rank, its recent window mean step
-times, its device's temperature, frequency and utilization as the collectors last read them, and the
-physical card (npu-smi NPU ID and chip) that rank computes on.
+The StragglerDetector (detector.py) flags ranks from their window mean *work* times; this module says what
+the flagged rank was doing with its extra time and which card it runs on, so the diagnosis lands next to
+the checkpoints while the slow card is still slow.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import statistics
 import time
 from collections import deque
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from npudist.telemetry.job.skew import DEFAULT_THRESHOLD, SkewReport
+from npudist.telemetry.job.skew import SkewReport
 
 log = logging.getLogger("npudist.telemetry")
 
+CAUSES = ("compute", "communication", "data")
+"""Cause classes, in the order ties are broken."""
+CAUSE_TEXT = MappingProxyType({
+    "compute": "its own compute is slower",
+    "communication": "it waits longer in exposed communication",
+    "data": "it waits for data before the forward",
+})
 
-def diagnosis(history: list[SkewReport], threshold: float) -> dict[str, Any]:
-    """The JSON document for a streak of skewed windows (oldest first); pure, for tests."""
+
+def _at(values: tuple, rank: int) -> Any:
+    return values[rank] if rank < len(values) else None
+
+
+def sections(report: SkewReport, rank: int) -> dict[str, float | None]:
+    """Mean seconds per step of ``rank`` in each section the step timer separates: data wait (before the
+    forward), compute (the rest of its work) and exposed communication (DDP gradient-sync wait)."""
+    data, comm = _at(report.data_waits, rank), _at(report.comm_waits, rank)
+    work = report.means[rank]
+    return {"data": data, "compute": None if not math.isfinite(work) else work - (data or 0.0),
+            "communication": comm}
+
+
+def cause(report: SkewReport, rank: int) -> tuple[str, dict[str, float]]:
+    """The section in which ``rank`` spends the most time beyond the median of the other ranks, with every
+    section's excess in seconds per step. Sections nobody measured count as 0."""
+    others = [r for r in range(len(report.means)) if r != rank]
+    excess: dict[str, float] = {}
+    mine = sections(report, rank)
+    for name in CAUSES:
+        theirs = [v for r in others if (v := sections(report, r)[name]) is not None and math.isfinite(v)]
+        own = mine[name]
+        excess[name] = (own - statistics.median(theirs)) if own is not None and math.isfinite(own) and theirs \
+            else 0.0
+    best = max(CAUSES, key=lambda c: (excess[c], -CAUSES.index(c)))
+    return best, excess
+
+
+def _where(report: SkewReport, rank: int) -> str:
+    device = _at(report.devices, rank)
+    return "" if device is None else f" (device {device[0]} chip {device[1]})"
+
+
+def _vitals(report: SkewReport, rank: int) -> str:
+    temp, freq = _at(report.temperatures, rank), _at(report.frequencies, rank)
+    return (f"device temperature {'n/a' if temp is None else f'{temp:.1f} C'}, "
+            f"frequency {'n/a' if freq is None else f'{freq / 1e6:.0f} MHz'}")
+
+
+def describe_flag(report: SkewReport, rank: int) -> str:
+    """The console line when ``rank`` becomes a straggler: rank, card, slowdown, cause, vitals."""
+    ratio = _at(report.ratios, rank)
+    kind, excess = cause(report, rank)
+    return (f"straggler: rank {rank}{_where(report, rank)} works "
+            f"{'n/a' if ratio is None else f'{ratio:.2f}x'} the median of the other ranks over steps "
+            f"{report.first_step}-{report.last_step} ({report.means[rank]:.4f} s/step); cause: {kind} "
+            f"({CAUSE_TEXT[kind]}, +{excess[kind]:.4f} s/step); its {_vitals(report, rank)}")
+
+
+def describe_recovery(report: SkewReport, rank: int) -> str:
+    ratio = _at(report.ratios, rank)
+    return (f"straggler: rank {rank}{_where(report, rank)} recovered over steps {report.first_step}-"
+            f"{report.last_step} ({'n/a' if ratio is None else f'{ratio:.2f}x'} the median of the others)")
+
+
+class StragglerWarnings:
+    """One console line when a rank becomes a straggler and one when it recovers, not one per window."""
+
+    def __init__(self) -> None:
+        self.flagged: set[int] = set()
+
+    def __call__(self, report: SkewReport) -> list[str]:
+        now = set(report.flagged)
+        lines = [describe_flag(report, r) for r in sorted(now - self.flagged)]
+        lines += [describe_recovery(report, r) for r in sorted(self.flagged - now)]
+        self.flagged = now
+        for line in lines:
+            log.warning("%s", line)
+        return lines
+
+
+def diagnosis(history: list[SkewReport], rank: int) -> dict[str, Any]:
+    """The JSON document for a streak of windows (oldest first) in which ``rank`` was flagged; pure, for
+    tests."""
     last = history[-1]
-    slow = last.straggler
-    mean_all = sum(last.means) / len(last.means)
-
-    def at(values: tuple, rank: int) -> Any:
-        return values[rank] if rank < len(values) else None
-
+    kind, excess = cause(last, rank)
+    finite = [m for m in last.means if math.isfinite(m)]
     return {
-        "straggler_rank": slow,
-        "threshold": threshold,
+        "straggler_rank": rank,
+        "flagged_ranks": list(last.flagged),
         "windows": len(history),
         "steps": [history[0].first_step, last.last_step],
+        "slowdown_ratio": _at(last.ratios, rank),
+        "slowdown_ratios": [_at(r.ratios, rank) for r in history],
+        "cause": kind,
+        "cause_text": CAUSE_TEXT[kind],
+        "section_seconds": sections(last, rank),
+        "section_excess_seconds": excess,
+        "straggler_step_seconds": [r.means[rank] for r in history],
+        "median_step_seconds_all_ranks": statistics.median(finite) if finite else None,
         "skew": [r.skew for r in history],
-        "straggler_step_seconds": [r.means[slow] for r in history],
-        "mean_step_seconds_all_ranks": mean_all,
-        "slowdown_ratio": last.means[slow] / mean_all if mean_all > 0 else None,
-        "device": {**_physical(at(last.devices, slow)),
-                   "temperature_celsius": at(last.temperatures, slow), "frequency_hertz": at(last.frequencies, slow),
-                   "utilization_ratio": at(last.utilizations, slow)},
+        "device": {**_physical(_at(last.devices, rank)),
+                   "temperature_celsius": _at(last.temperatures, rank),
+                   "frequency_hertz": _at(last.frequencies, rank),
+                   "utilization_ratio": _at(last.utilizations, rank)},
         "all_ranks_step_seconds": list(last.means),
         "time": time.time(),
     }
@@ -55,27 +138,38 @@ def _physical(device: tuple[int, int] | None) -> dict[str, int | None]:
 
 
 class StragglerDiagnosis:
-    """Append to StepTimer.on_exchange on one rank: counts skewed windows, writes RUN_DIR/straggler-step<N>.json once
-    per streak of ``windows`` consecutive windows above ``threshold``."""
+    """Append to StepTimer.on_exchange on one rank: writes RUN_DIR/straggler-step<N>.json once per streak of
+    ``windows`` consecutive windows in which the detector flags a rank (one document per flagged rank)."""
 
-    def __init__(self, run_dir: str | os.PathLike, windows: int = 3, threshold: float = DEFAULT_THRESHOLD) -> None:
+    def __init__(self, run_dir: str | os.PathLike, windows: int = 1) -> None:
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
-        self.run_dir, self.windows, self.threshold = Path(run_dir), windows, threshold
-        self._streak: deque[SkewReport] = deque(maxlen=windows)
-        self._written = False
+        self.run_dir, self.windows = Path(run_dir), windows
+        self._streaks: dict[int, deque[SkewReport]] = {}
+        self._written: set[int] = set()
         self.written: list[Path] = []
 
-    def __call__(self, report: SkewReport) -> Path | None:
-        if report.skew <= self.threshold:
-            self._streak.clear()
-            self._written = False
-            return None
-        self._streak.append(report)
-        if len(self._streak) < self.windows or self._written:
-            return None
-        doc = diagnosis(list(self._streak), self.threshold)
-        path = self.run_dir / f"straggler-step{report.last_step:08d}.json"
+    def __call__(self, report: SkewReport) -> list[Path]:
+        flagged = set(report.flagged)
+        for rank in list(self._streaks):
+            if rank not in flagged:
+                del self._streaks[rank]
+                self._written.discard(rank)
+        out = []
+        for rank in sorted(flagged):
+            streak = self._streaks.setdefault(rank, deque(maxlen=self.windows))
+            streak.append(report)
+            if len(streak) < self.windows or rank in self._written:
+                continue
+            path = self._write(diagnosis(list(streak), rank), report.last_step, rank, len(flagged))
+            if path is not None:
+                self._written.add(rank)
+                out.append(path)
+        return out
+
+    def _write(self, doc: dict[str, Any], step: int, rank: int, count: int) -> Path | None:
+        suffix = "" if count == 1 else f"-rank{rank}"
+        path = self.run_dir / f"straggler-step{step:08d}{suffix}.json"
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -84,8 +178,7 @@ class StragglerDiagnosis:
         except OSError as exc:
             log.warning("could not write the straggler diagnosis to %s: %s", path, exc)
             return None
-        self._written = True
         self.written.append(path)
-        log.warning("straggler diagnosis: rank %d slow for %d windows; wrote %s", doc["straggler_rank"],
-                    self.windows, path)
+        log.warning("straggler diagnosis: rank %d flagged for %d window(s), cause %s; wrote %s", rank,
+                    doc["windows"], doc["cause"], path)
         return path
