@@ -75,6 +75,32 @@ def test_every_alert_has_a_runbook_section_and_a_severity():
     assert {a.severity for a in ALERTS} == {"P1", "P2", "P3"}
 
 
+def test_alerts_carry_kube_prometheus_severity_and_an_absolute_runbook_url(tmp_path):
+    import yaml
+
+    res = run_npudist(["dashboards", "export", "--out", str(tmp_path),
+                       "--runbook-url", "https://wiki.example/npudist/runbook"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    alerts = [r for g in yaml.safe_load((tmp_path / "prometheus" / "rules.yml").read_text())["groups"]
+              for r in g["rules"] if "alert" in r]
+    pairs = {(r["labels"]["severity"], r["labels"]["priority"]) for r in alerts}
+    assert pairs == {("critical", "P1"), ("warning", "P2"), ("info", "P3")}
+    for r in alerts:
+        assert r["annotations"]["runbook_url"] == f"https://wiki.example/npudist/runbook#{r['alert'].lower()}"
+    assert check_dir(tmp_path).problems == []
+    bad = run_npudist(["dashboards", "export", "--out", str(tmp_path), "--runbook-url", "docs/runbook.md"],
+                      timeout=60)
+    assert bad.returncode == 2 and "must be absolute" in bad.stderr
+
+
+def test_rank_and_node_exporter_down_are_separate_alerts():
+    from npudist.dashboards import ALERTS
+
+    by_name = {a.name: a for a in ALERTS}
+    assert "npudist-(node|exporter)" in by_name["NpudistExporterDown"].expr
+    assert "and on (job)" in by_name["NpudistRankDown"].expr  # only while the job's other ranks are up
+
+
 def test_alerts_and_docs_use_the_catalogue_thresholds():
     import re
 
