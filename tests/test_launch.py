@@ -135,3 +135,31 @@ def test_cli_version_and_launch_errors():
     assert v.returncode == 0 and v.stdout.strip() == f"npudist {npudist.__version__}"
     bad = run_npudist(["launch", "--nproc-per-node", "0", "x.py"])
     assert bad.returncode == 2 and "--nproc-per-node '0'" in bad.stderr
+
+
+def test_help_leads_with_npudist_options_then_torchrun_passed_through():
+    res = run_npudist(["launch", "--help"])
+    assert res.returncode == 0
+    out = res.stdout
+    assert out.startswith("usage: npudist launch [npudist options] [torchrun options] SCRIPT")
+    assert out.index("npudist options:") < out.index("--accelerator") < out.index(
+        "torchrun options (passed through to torchrun):")
+    nproc = out[out.index("--nproc-per-node NPROC"):out.index("--rdzv-backend")]
+    assert "auto" in nproc and "gpu" not in nproc  # npudist refuses torchrun's gpu/cpu/xpu
+
+
+def test_no_script_and_a_missing_script_are_short_usage_errors(tmp_path):
+    bare = run_npudist(["launch"])
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert "give the training script" in bare.stderr and len(bare.stderr.splitlines()) <= 3
+    typo = run_npudist(["launch", "--nproc-per-node", "1", str(tmp_path / "trian.py")], timeout=60)
+    assert typo.returncode == 2 and "trian.py: no such file" in " ".join(typo.stderr.split())
+    assert "Root Cause" not in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_accelerator_flag_reaches_the_ranks_and_not_torchrun():
+    p = plan(["--accelerator", "cpu", "t.py"], CPU, {})
+    assert p.env_updates["NPUDIST_ACCELERATOR"] == "cpu"
+    assert "--accelerator" not in p.torchrun_argv
+    bad = run_npudist(["launch", "--accelerator", "tpu", "t.py"])
+    assert bad.returncode == 2 and "unknown accelerator 'tpu'" in bad.stderr

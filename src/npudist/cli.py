@@ -35,22 +35,26 @@ def _root(
 
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    help="Start a distributed job: torchrun's options and SCRIPT [ARGS]; --nproc-per-node auto "
+    help="Start a distributed job: [npudist options] [torchrun options] SCRIPT [ARGS]; --nproc-per-node auto "
     "(the default) uses the detected accelerator's devices. --mpi runs one rank under mpirun. "
-    "`npudist launch --help` lists every option.",
+    "`npudist launch --help` lists npudist's options, then torchrun's.",
 )
 def launch(ctx: typer.Context) -> None:
+    from rich.markup import escape
+
     from npudist import launch as launcher
-    from npudist.accelerators import AcceleratorUnavailable, accelerator
+    from npudist.accelerators import AcceleratorUnavailable
 
     argv = list(ctx.args)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         launcher.parser().print_help()
         raise typer.Exit(0)
     try:
-        code = launcher.run(argv, accelerator())
+        if not argv:
+            raise launcher.LaunchError(f"give the training script to run (usage: {launcher.USAGE}; see --help)")
+        code = launcher.run(argv, launcher.accelerator_for(argv))
     except (launcher.LaunchError, AcceleratorUnavailable, ValueError) as exc:
-        err.print(f"[bold red]npudist launch:[/] {exc}")
+        err.print(f"[bold red]npudist launch:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 
