@@ -117,8 +117,12 @@ def test_example_trains_on_two_ranks_and_loss_falls():
     losses = [float(x) for x in re.findall(r"^step=\d+ loss=([\d.]+)", done.stdout, re.MULTILINE)]
     assert len(losses) >= 5
     assert losses[-1] < 0.6 * losses[0]  # ln(64) ~ 4.2 at the start; the pattern is learnable
-    assert "rank=0 done steps=100" in done.stdout and "rank=1 done steps=100" in done.stdout
-    assert "world=2 accelerator=cpu backend=gloo" in done.stdout
+    # rank 0 owns the console: progress with step N/total, elapsed, ETA and throughput; no other rank's lines
+    assert "rank=0 done steps=100" in done.stdout and "rank=1" not in done.stdout
+    assert re.search(r"^step=100 loss=[\d.]+ samples/s=[\d.]+ done=100/100 elapsed=\S+ eta=0s world=2 "
+                     r"accelerator=cpu backend=gloo$", done.stdout, re.MULTILINE), done.stdout
+    assert re.search(r"^step=50 .* done=50/100 elapsed=\S+ eta=\d", done.stdout, re.MULTILINE)
+    assert re.search(r"^summary: skew: \d+ of \d+ windows above", done.stdout, re.MULTILINE)
     assert re.search(r"^final step=100 loss=[\d.]+ params_sha256=[0-9a-f]{64}$", done.stdout, re.MULTILINE)
 
 
@@ -163,3 +167,11 @@ def test_accelerator_flag_reaches_the_ranks_and_not_torchrun():
     assert "--accelerator" not in p.torchrun_argv
     bad = run_npudist(["launch", "--accelerator", "tpu", "t.py"])
     assert bad.returncode == 2 and "unknown accelerator 'tpu'" in bad.stderr
+
+
+def test_omp_threads_set_once_with_the_reason_unless_the_user_chose():
+    p = plan(["--nproc-per-node", "2", "t.py"], CPU, {})
+    assert p.env_updates["OMP_NUM_THREADS"] == "1"
+    assert len(p.notes) == 1 and "oversubscribe" in p.notes[0]
+    mine = plan(["--nproc-per-node", "2", "t.py"], CPU, {"OMP_NUM_THREADS": "4"})
+    assert "OMP_NUM_THREADS" not in mine.env_updates and mine.notes == []

@@ -41,6 +41,8 @@ class LaunchPlan:
     """Prometheus file_sd groups for the ranks started here, written to targets_file before they start."""
     script: str | None = None
     """The training script's path, checked before anything starts (None for -m MODULE and --no-python)."""
+    notes: list[str] = field(default_factory=list)
+    """What launch chose for the user and why, printed once to stderr before the ranks start."""
 
 
 USAGE = "npudist launch [npudist options] [torchrun options] SCRIPT [ARGS...]"
@@ -164,6 +166,7 @@ def _strip_ours(tokens: list[str]) -> list[str]:
     return out
 
 
+OMP_VAR = "OMP_NUM_THREADS"
 SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """Set for dynamic (c10d, etcd) rendezvous unless the user set it.
 
@@ -204,6 +207,11 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
                           script=None if ns.module or ns.no_python else tail[0])
     if ns.accelerator:
         the_plan.env_updates[ACCELERATOR_VAR] = ns.accelerator
+    if nproc > 1 and OMP_VAR not in env:
+        # torchrun sets the same value but warns about it in a banner on every launch; say it once, with why.
+        the_plan.env_updates[OMP_VAR] = "1"
+        the_plan.notes.append(f"{OMP_VAR}=1 for each of the {nproc} ranks, so they do not oversubscribe this "
+                              f"host's {os.cpu_count()} cores; export {OMP_VAR} to choose another value")
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
     return _with_metrics(the_plan, ns, env)
@@ -366,6 +374,8 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
     if the_plan.script is not None and not os.path.isfile(the_plan.script):
         raise LaunchError(f"{the_plan.script}: no such file (the training script; for a module use -m MODULE)")
     os.environ.update(the_plan.env_updates)  # torchrun's workers inherit this process's environment
+    for note in the_plan.notes:
+        print(f"npudist launch: {note}", file=sys.stderr, flush=True)
     if the_plan.mode == "mpi":
         # exec leaves nothing behind to clean up: under mpirun/srun the batch script's trap empties the file.
         if the_plan.targets_file:

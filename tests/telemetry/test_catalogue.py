@@ -30,7 +30,9 @@ def test_issue_metric_names_are_all_catalogued():
         # issue 15: checkpoints
         "npudist_checkpoint_snapshot_duration_seconds", "npudist_checkpoint_write_duration_seconds",
         "npudist_checkpoint_bytes_total", "npudist_checkpoint_inflight", "npudist_checkpoint_waits_total",
-        "npudist_checkpoint_failures_total"]
+        "npudist_checkpoint_failures_total",
+        # issue 24: what the training loop reports
+        "npudist_training_loss", "npudist_training_samples_per_second"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"
