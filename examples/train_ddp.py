@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
                 now = time.perf_counter()
                 rate = window_samples / (now - window_start)
                 if runlog is not None:
-                    runlog.step(step, loss_value, seconds)
+                    runlog.step(step, loss_value, seconds, rate)
                 if telemetry is not None:
                     telemetry.training_progress(loss=loss_value, samples_per_second=rate)
                 if ctx.is_main:

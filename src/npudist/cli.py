@@ -138,6 +138,10 @@ def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds m
         err.print(f"[bold red]npudist report:[/] {exc}")
         raise typer.Exit(2) from None
     err.print(f"npudist report: wrote {out} ({len(data.problems)} unusable record(s) skipped)")
+    if not data.run_logs:
+        err.print(f"[yellow]npudist report: warning:[/] {run_dir} holds no run log (metrics/rank*.jsonl), so the "
+                  "page has no loss, step time or skew. Make one by running the job with a run directory: "
+                  "npudist launch examples/train_ddp.py --run-dir RUN_DIR")
 
 
 def main() -> None:
