@@ -167,6 +167,11 @@ ALERTS: tuple[Alert, ...] = (
           "5m", "P2", "A collector keeps failing",
           "Collector {{ $labels.collector }} on {{ $labels.instance }} fails with {{ $labels.reason }} "
           "for 5 minutes."),
+    Alert("NpudistCheckpointFailed",
+          "increase(npudist_checkpoint_failures_total[10m]) > 0", "0m", "P2",
+          "A checkpoint write failed",
+          f"{_WHERE} failed to write {{{{ $value }}}} checkpoint(s) in the last 10 minutes: a crash now would "
+          "lose more work than planned."),
     Alert("NpudistTrainingStalled",
           f"increase(npudist_steps_total[{WINDOW}]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "5m", "P1",
           "Training stalled: no step for 5 minutes while the job is up",
