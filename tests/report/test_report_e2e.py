@@ -49,6 +49,7 @@ def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two trainings, a benchmark and two browser runs on a shared machine
 @pytest.mark.skipif(CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)")
 def test_training_run_report_renders_in_chromium(tmp_path):
     run_dir = tmp_path / "run"
