@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from types import MappingProxyType
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -142,6 +143,33 @@ def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds m
         err.print(f"[yellow]npudist report: warning:[/] {run_dir} holds no run log (metrics/rank*.jsonl), so the "
                   "page has no loss, step time or skew. Make one by running the job with a run directory: "
                   "npudist launch examples/train_ddp.py --run-dir RUN_DIR")
+
+
+@app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file, print "
+                  "its URL, run COMMAND (e.g. the job) or wait for Ctrl-C. `make observe` runs the demo under it.")
+def observe(
+    command: Annotated[list[str] | None, typer.Argument(
+        help="After --: the job to run while Prometheus watches it.")] = None,
+    targets_file: str = typer.Option("runs/demo/targets.json", help="The job's `npudist launch --targets-file`."),
+    port: int = typer.Option(10190, help="Prometheus's port on 127.0.0.1."),
+    out: str = typer.Option("runs/observe", help="Folder for the exported rules, dashboards and Prometheus data."),
+    node_target: Annotated[list[str] | None, typer.Option(
+        help="`npudist exporter` HOST:PORT to scrape too (repeatable).")] = None,
+    prometheus: Annotated[str | None, typer.Option(help="Path of the prometheus binary (default: on PATH).")] = None,
+) -> None:
+    from pathlib import Path
+
+    from npudist.dashboards.observe import ObserveError, ObserveOptions
+    from npudist.dashboards.observe import observe as run_observe
+
+    opts = ObserveOptions(targets_file=Path(targets_file), out=Path(out), port=port,
+                          node_targets=tuple(node_target or ()), prometheus=prometheus)
+    try:
+        code = run_observe(opts, command or ())
+    except (ObserveError, OSError) as exc:
+        err.print(f"[bold red]npudist observe:[/] {exc}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
 
 
 def main() -> None:
