@@ -64,23 +64,32 @@ _STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", 
 
 
 @app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails.")
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+           table: bool = typer.Option(None, "--table/--compact",
+                                      help="A table (default on a terminal) or plain lines (default in a pipe).")
+           ) -> None:
     import json
 
     from rich.table import Table
 
     from npudist import doctor as doc
+    from npudist.doctor.result import compact, summary_line
 
     results = doc.run_checks()
     if as_json:
         typer.echo(json.dumps(doc.as_document(results), indent=2))
         raise typer.Exit(doc.exit_code(results))
-    table = Table(title=f"npudist doctor ({__version__})", show_lines=False)
+    title = f"npudist doctor ({__version__})"
+    if not (sys.stdout.isatty() if table is None else table):
+        typer.echo("\n".join(compact(results, title)))
+        raise typer.Exit(doc.exit_code(results))
+    grid = Table(title=title, show_lines=False)
     for col in ("check", "status", "finding", "fix"):
-        table.add_column(col, overflow="fold")
+        grid.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
-    Console().print(table)
+        grid.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
+    Console().print(grid)
+    typer.echo(summary_line(results))
     raise typer.Exit(doc.exit_code(results))
 
 
