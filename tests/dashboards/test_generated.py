@@ -148,6 +148,9 @@ def test_thresholds_bounds_links_and_full_rows():
     for (_uid, title), p in panels.items():
         if p["fieldConfig"]["defaults"]["unit"] == "percentunit":
             assert (p["fieldConfig"]["defaults"]["min"], p["fieldConfig"]["defaults"]["max"]) == (0, 1), title
+    for (_uid, title), p in panels.items():
+        if p["type"] == "timeseries":  # all-zero series hidden
+            assert p["fieldConfig"]["overrides"][0]["matcher"]["id"] == "byValue", title
     for uid, d in docs.items():
         assert d["links"][0]["type"] == "dashboards" and d["links"][0]["tags"] == ["npudist"], uid
         rows: dict[int, int] = {}

@@ -76,10 +76,12 @@ def _field_defaults(p: Panel) -> dict[str, Any]:
     return out
 
 
-# Series that are zero throughout (an error counter that never moved) are hidden from the legend and graph.
-_HIDE_ZERO = MappingProxyType({"id": "filterByValue", "options": {
-    "type": "exclude", "match": "all",
-    "filters": [{"fieldName": None, "config": {"id": "equal", "options": {"value": 0}}}]}})
+# Series that are zero throughout (an error counter that never moved) are hidden: a "fields with values"
+# override (Grafana 10.3+, matcher byValue) on series whose largest value is <= 0. npudist's metrics are
+# never negative, so that is exactly the all-zero ones.
+HIDE_ZERO_OVERRIDE = MappingProxyType({
+    "matcher": {"id": "byValue", "options": {"reducer": "max", "op": "lte", "value": 0}},
+    "properties": [{"id": "custom.hideFrom", "value": {"legend": True, "tooltip": True, "viz": True}}]})
 
 
 def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
@@ -96,9 +98,8 @@ def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         out["transformations"] = [{"id": "labelsToFields", "options": {}}]
     elif p.type == "timeseries":
         out["options"] = {"legend": {"displayMode": "list", "placement": "bottom"}}
-        out["fieldConfig"]["defaults"].setdefault("custom", {})["hideFrom"] = {
-            "legend": False, "tooltip": False, "viz": False}
-        out["transformations"] = [dict(_HIDE_ZERO)]
+        out["fieldConfig"]["overrides"] = [{"matcher": dict(HIDE_ZERO_OVERRIDE["matcher"]),
+                                            "properties": list(HIDE_ZERO_OVERRIDE["properties"])}]
     return out
 
 
