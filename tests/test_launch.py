@@ -66,11 +66,12 @@ def test_dynamic_rendezvous_gives_every_round_a_fresh_store():
     # torchrun's shared store cannot take a node back after it left (the newcomer waits for an address
     # no agent publishes); tests/fault/test_restart.py shows the rejoin this makes work.
     dyn = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "t.py"]
-    assert plan(dyn, CPU, {}).env_updates == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    omp = {"OMP_NUM_THREADS": "1"}  # set by the user: launch adds nothing for it
+    assert plan(dyn, CPU, omp).env_updates == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     # the user's own choice stands; static and standalone rendezvous keep torchrun's default
-    assert plan(dyn, CPU, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}).env_updates == {}
-    assert plan(["--nproc-per-node", "2", "t.py"], CPU, {}).env_updates == {}
-    assert plan(["--standalone", "t.py"], CPU, {}).env_updates == {}
+    assert plan(dyn, CPU, {**omp, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}).env_updates == {}
+    assert plan(["--nproc-per-node", "2", "t.py"], CPU, omp).env_updates == {}
+    assert plan(["--standalone", "t.py"], CPU, omp).env_updates == {}
 
 
 def test_busy_master_port_is_refused_with_a_reason():

@@ -62,7 +62,7 @@ def _free_base() -> int:
 def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
     base = _free_base()
     p = plan(["--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
-              str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {})
+              str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {"OMP_NUM_THREADS": "1"})
     assert p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
     assert p.targets_file == str(tmp_path / "t.json")
     assert p.targets == _doc(base)
@@ -71,7 +71,7 @@ def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
 
 
 def test_plan_without_metrics_changes_nothing():
-    p = plan(["--nproc-per-node", "2", "train.py"], CPU, {})
+    p = plan(["--nproc-per-node", "2", "train.py"], CPU, {"OMP_NUM_THREADS": "1"})
     assert p.env_updates == {} and p.targets_file is None
 
 
