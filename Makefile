@@ -38,3 +38,9 @@ lint:
 .PHONY: device-check
 device-check:
 	PYTHON=$(PYTHON) bash scripts/device-check.sh
+
+# rknn-toolkit2's own environment (CPython 3.11, x86_64): `npudist edge convert` and the RKNN simulator.
+RKNN_VENV ?= .venv-rknn
+.PHONY: rknn-env
+rknn-env:
+	bash scripts/rknn-env.sh $(RKNN_VENV)

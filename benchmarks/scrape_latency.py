@@ -1,10 +1,12 @@
-"""Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector, 20 concurrent scrapers.
+"""Scrape latency of a full exporter: 8 simulated Ascend chips plus every collector (the reliability and
+network families too: 992 more series), 20 concurrent scrapers.
 
     python benchmarks/scrape_latency.py [--seconds 10] [--scrapers 20] [--period 0.25] [--hostile 300]
     python benchmarks/scrape_latency.py --ab 6 [--block 3] [--hostile 300]   # same-run A/B, see _ab
 
 The exporter runs in its own process (as in production, scrapers do not share its interpreter).
-Phases: the device source answering, then the same source hung (as a stuck npu-smi), each measured
+Phases: the device source answering, then the same source hung (as a stuck npu-smi, with the fake
+hccn_tool hanging under the real hccn_tool sweep, which kills it every 2 s), each measured
 paced (every scraper every --period s) and closed-loop (every scraper back to back, saturation);
 then both again with --hostile connections held open the whole time (half send a request line and
 idle, half trickle one header byte a second; each reconnects when the server cuts it off, as an
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 GIB = 1024**3
 
 
-def _exporter(port_out: mp.Queue, hang: bool) -> None:
+def _exporter(port_out: mp.Queue, hang: bool, reliability: bool = True) -> None:
     from prometheus_client import CollectorRegistry
 
     from npudist.telemetry.exposition.collector_health import CollectorHealth
@@ -85,9 +87,62 @@ def _exporter(port_out: mp.Queue, hang: bool) -> None:
               AllocatorCollector(lambda: allocator, health, labels),
               CommCollector(health, labels, stats=lambda: comm)):
         reg.register(c)
-    server = serve(reg, "127.0.0.1", 0)
+    from npudist.telemetry.exposition.node_exporter import RENDER_MAX_AGE_S
+
+    for c in _reliability(health, hang) if reliability else []:
+        reg.register(c)
+    # As `npudist exporter` serves: answers kept up to RENDER_MAX_AGE_S, refreshed in the background.
+    server = serve(reg, "127.0.0.1", 0, max_age_s=RENDER_MAX_AGE_S if reliability else 0.0)
     port_out.put(server.port)
     threading.Event().wait()
+
+
+def _reliability(health, hang: bool) -> list:
+    """Every reliability collector on for 8 chips: the fullest recorded answers (benchmarks/series_budget.py,
+    992 series) served from the last good sweep, and beside it the real hccn_tool sweep against the fake
+    hccn_tool; with --hang that tool hangs, so every sweep times out, kills its process group and skips."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from npudist.telemetry.exposition.node_exporter import collectors
+    from npudist.telemetry.exposition.reliability_metrics import ReliabilityCollector
+    from npudist.telemetry.exposition.selection import parse_selection
+    from npudist.telemetry.sources.ascend_sweep import HCCN_QUERIES, AscendSweep, Chip
+    from npudist.telemetry.sources.measurements import ChipMeasurements
+    from npudist.telemetry.sources.poller import Poller
+    from npudist.telemetry.sources.readings import Source
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from series_budget import full_chip
+
+    chip, nic = full_chip()
+    full = [m for i in range(8) for m in (ChipMeasurements("npu", i, 0, "", tuple(chip)),
+                                          ChipMeasurements("npu", i, 0, str(i), tuple(nic)))]
+
+    class LastGood(Source):
+        name, vendor, calls = "npu-smi-reliability", "npu", 0
+
+        def read(self):
+            self.calls += 1
+            if hang and self.calls > 1:
+                threading.Event().wait()
+            return full
+
+    shim = Path(tempfile.mkdtemp(prefix="npudist-bench-"))
+    (shim / "python3").symlink_to(sys.executable)
+    os.environ["PATH"] = os.pathsep.join([str(shim), str(root / "tests" / "fakes" / "bin"), os.environ["PATH"]])
+    os.environ["NPUDIST_FAKE_HCCN_MODE"] = "hang" if hang else "print"
+    hccn = AscendSweep(HCCN_QUERIES, health, name="hccn_tool", hccn_tool=str(root / "tests/fakes/bin/hccn_tool"),
+                       timeout=0.5, chips=[Chip(i, 0, i) for i in range(8)])
+    pollers = [Poller(LastGood(), health, interval_s=1.0, timeout_s=0.5, record=ChipMeasurements),
+               Poller(hccn, health, interval_s=2.0, timeout_s=2.0, record=ChipMeasurements)]
+    pollers[0].poll_once()
+    for p in pollers:
+        p.start()
+    return [ReliabilityCollector(pollers, health, parse_selection("all", collectors()), "bench")]
 
 
 async def _scrape(port: int) -> float:
@@ -203,11 +258,13 @@ def main() -> None:
     p.add_argument("--hostile", type=int, default=300, help="idle/trickling connections in the last phases")
     p.add_argument("--ab", type=int, default=0, help="instead: this many interleaved blocks without/with hostile")
     p.add_argument("--block", type=float, default=3.0, help="seconds per --ab block")
+    p.add_argument("--no-reliability", action="store_true",
+                   help="without the reliability families and without kept renders (the rank exporter's setup)")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
     if args.ab:
         q = ctx.Queue()
-        proc = ctx.Process(target=_exporter, args=(q, False), daemon=True)
+        proc = ctx.Process(target=_exporter, args=(q, False, not args.no_reliability), daemon=True)
         proc.start()
         port = q.get(timeout=60)
         asyncio.run(_load(port, args.scrapers, 1.0, args.period))  # warm-up
@@ -218,7 +275,7 @@ def main() -> None:
     for hostile in sorted({0, args.hostile}):
         for hang in (False, True):
             q = ctx.Queue()
-            proc = ctx.Process(target=_exporter, args=(q, hang), daemon=True)
+            proc = ctx.Process(target=_exporter, args=(q, hang, not args.no_reliability), daemon=True)
             proc.start()
             port = q.get(timeout=60)
             time.sleep(1.5 if hang else 0.2)  # with --hang the second read is stuck by now

@@ -189,7 +189,8 @@ def last_checkpoint(run_dir: str | None) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = npudist.init()
-    lock = claim_run_dir(args.run_dir) if args.run_dir else None
+    if args.run_dir:
+        claim_run_dir(args.run_dir)  # held until npudist.shutdown()
     if args.global_batch_size % ctx.world_size:
         raise SystemExit(f"--global-batch-size {args.global_batch_size} must divide by the world size "
                          f"{ctx.world_size}")
@@ -261,15 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         interrupted = True  # Ctrl-C, or torchrun passing on a SIGINT: one line below, no traceback
     finally:
-        if runlog is not None:
-            runlog.close()
-        if telemetry is not None:
-            telemetry.close()
-        try:
-            npudist.shutdown()  # waits for the last background checkpoint write
-        finally:
-            if lock is not None:
-                lock.release()
+        # Ends what this rank started, in one order: run log, metrics server and poller, the last
+        # background checkpoint write, the process group, then the run-directory lock.
+        npudist.shutdown()
     if interrupted:
         if ctx.is_main:
             print(f"interrupted at step {step}; last checkpoint {last_checkpoint(args.run_dir)}; "

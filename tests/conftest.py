@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,33 @@ def child_env(extra: dict[str, str] | None = None, pythonpath: list[Path] | None
     return env
 
 
+@functools.cache
+def interpreter_dir() -> Path:
+    """A directory whose ``python3`` and ``python`` run the interpreter running these tests.
+
+    The fakes in tests/fakes/bin start with ``#!/usr/bin/env python3``. Put first on a child's PATH
+    (``fakes_path``), this directory makes them run here instead of under whatever ``python3`` the
+    machine's PATH names: a pyenv shim runs ``pyenv exec``, which puts its interpreter's ``bin/`` (and
+    any ``npudist`` entry point installed there) first on the PATH of everything the fake starts.
+    The entries are scripts that exec sys.executable, not symlinks: a venv's interpreter finds its
+    site-packages from the path it was started by.
+    """
+    d = Path(tempfile.mkdtemp(prefix="npudist-tests-python-"))
+    atexit.register(shutil.rmtree, d, True)
+    for name in ("python3", "python"):
+        exe = d / name
+        exe.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        exe.chmod(0o755)
+    return d
+
+
+def fakes_path(*dirs: Path, inherited: str | None = None) -> str:
+    """PATH for a child that runs fakes: this interpreter, tests/fakes/bin, ``dirs``, then the inherited
+    PATH (this process's unless given), so nothing on the machine's PATH can stand in for a fake's tools."""
+    inherited = os.environ.get("PATH", os.defpath) if inherited is None else inherited
+    return os.pathsep.join([str(interpreter_dir()), str(FAKES / "bin"), *map(str, dirs), inherited])
+
+
 def run_py(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`python ARGS` with this checkout on the path; output captured as text; never hangs past timeout."""
@@ -36,6 +68,36 @@ def run_py(args: list[str], *, env: dict[str, str] | None = None, timeout: float
 
 def run_npudist(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return run_py(["-m", "npudist", *args], **kw)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, args: list[str], *, world: int = 2, env: dict[str, str] | None = None,
+              pythonpath: list[Path] | None = None, timeout: float = 180) -> None:
+    """Start ``world`` ranks of ``script`` with torchrun's variables on a free port; fail with a rank's
+    output when one exits non-zero."""
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, script, *args], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=child_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                       **(env or {})}, pythonpath=pythonpath))
+        for r in range(world)]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
 
 
 @pytest.fixture

@@ -56,6 +56,13 @@ def test_explicit_nproc_in_any_spelling_wins(given):
     assert not any(a.startswith("--nproc_per_node") or a.startswith("--nproc-per-node=") for a in argv)
 
 
+@pytest.mark.parametrize("given", [["--metrics", "9517"], ["--targets", "t.json"], ["--max-rest", "3"],
+                                   ["--nproc-per", "4"], ["--mp"]])
+def test_abbreviated_options_are_refused_not_half_understood(given):
+    with pytest.raises(LaunchError, match=f"unrecognized arguments: {given[0]}"):
+        plan([*given, "train.py"], NPU8, {})
+
+
 def test_multi_node_rendezvous_is_left_to_torchrun():
     argv = plan(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "t.py"],
                 CPU, {}).torchrun_argv

@@ -1,7 +1,12 @@
-"""Layers point one way: what ``import npudist`` loads, who imports telemetry, and no import cycles.
+"""Layers point one way: what ``import npudist`` loads, who imports telemetry, no import cycles, and
+torch.distributed's collectives called from comm/ only.
 
-The import graph is read from the source (every ``import`` statement, inside functions too, except under
-``if TYPE_CHECKING``), so a lazy import cannot hide a cycle or a wrong-way dependency.
+The import graph is read from the source (every ``import`` statement, inside functions too), so a lazy
+import cannot hide a cycle or a wrong-way dependency. GRAPH leaves out imports under ``if TYPE_CHECKING``
+(what runs); TYPED_GRAPH keeps them (what a reader and a type checker follow).
+
+From the ground up: runtime/ (settings, rank layout, the Runtime holder), then accelerators, then comm,
+then checkpoint and telemetry, then lifecycle.py (init/shutdown), which starts and ends what they own.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import child_env, run_py
 
@@ -23,13 +30,14 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
 
 
-def _imports(path: Path) -> set[str]:
-    """npudist modules ``path`` imports (``from pkg import mod`` counts as pkg.mod)."""
+def _imports(path: Path, *, typing: bool = False) -> set[str]:
+    """npudist modules ``path`` imports (``from pkg import mod`` counts as pkg.mod); ``typing``: also
+    those under ``if TYPE_CHECKING``."""
     out: set[str] = set()
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if not typing and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 continue
             if isinstance(node, ast.Import):
                 out.update(a.name for a in node.names if a.name.startswith("npudist"))
@@ -46,6 +54,8 @@ def _imports(path: Path) -> set[str]:
 
 
 GRAPH = {name: {m for m in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+TYPED_GRAPH = {name: {m for m in _imports(path, typing=True) if m in MODULES and m != name}
+               for name, path in MODULES.items()}
 
 
 def _under(name: str, *packages: str) -> bool:
@@ -53,7 +63,7 @@ def _under(name: str, *packages: str) -> bool:
 
 
 def test_import_npudist_loads_neither_torch_nor_telemetry_nor_dashboards():
-    code = ("import json, sys, npudist; import npudist.comm, npudist.runtime.lifecycle; "
+    code = ("import json, sys, npudist; import npudist.comm, npudist.lifecycle; "
             "print(json.dumps(sorted(sys.modules)))")
     bare = run_py(["-c", "import json, sys, npudist; print(json.dumps(sorted(sys.modules)))"], env=child_env(),
                   timeout=60)
@@ -76,8 +86,22 @@ def test_comm_and_runtime_never_import_telemetry_or_dashboards():
 
 def test_the_runtime_holder_depends_on_nothing_but_the_settings():
     # comm and accelerators reach runtime.state; it must not reach back into them.
-    assert GRAPH["npudist.runtime.state"] <= {"npudist.runtime.settings"}
-    assert GRAPH["npudist.runtime.settings"] == set()
+    assert TYPED_GRAPH["npudist.runtime.state"] <= {"npudist.runtime.settings"}
+    assert TYPED_GRAPH["npudist.runtime.settings"] == set()
+
+
+def test_runtime_is_the_ground_layer_even_for_type_hints():
+    wrong = {(src, dst) for src, dsts in TYPED_GRAPH.items() if _under(src, "npudist.runtime")
+             for dst in dsts if not _under(dst, "npudist.runtime")}
+    assert not wrong, "runtime/ imports from above it; give the type as a Protocol or Any with a docstring"
+
+
+def test_lifecycle_sits_above_what_it_starts_and_ends():
+    below = ("npudist.runtime", "npudist.accelerators", "npudist.comm", "npudist.checkpoint", "npudist.telemetry")
+    assert "npudist.runtime.lifecycle" not in MODULES
+    assert {"npudist.comm.control", "npudist.runtime.state"} <= GRAPH["npudist.lifecycle"]
+    wrong = {src for src, dsts in TYPED_GRAPH.items() if "npudist.lifecycle" in dsts and _under(src, *below)}
+    assert not wrong
 
 
 def test_launch_takes_no_constants_from_telemetry():
@@ -87,14 +111,14 @@ def test_launch_takes_no_constants_from_telemetry():
     assert not [n for n in taken if n.isupper()], taken
 
 
-def _cycle() -> list[str] | None:
+def _cycle(graph: dict[str, set[str]] = GRAPH) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
 
     def visit(v: str) -> list[str] | None:
         state[v] = 1
         path.append(v)
-        for w in sorted(GRAPH[v]):
+        for w in sorted(graph[v]):
             if state.get(w) == 1:
                 return [*path[path.index(w):], w]
             if w not in state and (found := visit(w)):
@@ -103,7 +127,7 @@ def _cycle() -> list[str] | None:
         state[v] = 2
         return None
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph):
         if v not in state and (found := visit(v)):
             return found
     return None
@@ -113,7 +137,68 @@ def test_no_import_cycles_among_npudist_modules():
     assert _cycle() is None
 
 
+def test_no_import_cycles_even_through_type_hints():
+    assert _cycle(TYPED_GRAPH) is None
+
+
 def test_the_cycle_finder_finds_a_cycle(monkeypatch):
     monkeypatch.setitem(GRAPH, "npudist.accelerators.accelerator",
                         GRAPH["npudist.accelerators.accelerator"] | {"npudist.accelerators.detect"})
     assert _cycle() is not None
+
+
+# Every torch.distributed call that is a collective (or makes a group, which is one): npudist issues them
+# from comm/ only, where the door (comm/control.py) knows which device the group's backend wants.
+COLLECTIVES = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
+    "all_gather_object", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "gather_object", "scatter",
+    "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "send_object_list", "recv_object_list", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "split_group",
+})
+_DIST_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+
+
+def distributed_collectives(source: str) -> list[str]:
+    """``line: expression`` of every reference to a torch.distributed collective in ``source``."""
+    tree = ast.parse(source)
+    modules, names = set(_DIST_MODULES), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(a.asname for a in node.names if a.name in _DIST_MODULES and a.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module in ("torch", *_DIST_MODULES):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in _DIST_MODULES:
+                    modules.add(a.asname or a.name)
+                elif node.module != "torch" and a.name in COLLECTIVES:
+                    names.add(a.asname or a.name)
+    found = []
+    for node in ast.walk(tree):
+        attribute = isinstance(node, ast.Attribute) and node.attr in COLLECTIVES and ast.unparse(node.value) in modules
+        if attribute or (isinstance(node, ast.Name) and node.id in names):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_comm_calls_torch_distributed_collectives():
+    found = {name: hits for name, path in MODULES.items() if not _under(name, "npudist.comm")
+             if (hits := distributed_collectives(path.read_text()))}
+    assert not found, "send npudist's own flags, objects and barriers through npudist.comm.control"
+
+
+@pytest.mark.parametrize("source", [
+    "import torch.distributed as dist\ndist.all_reduce(t)",
+    "import torch.distributed\ntorch.distributed.barrier()",
+    "from torch import distributed as d\nd.broadcast_object_list(x, src=0)",
+    "from torch.distributed import all_gather as ag\nag(out, t)",
+    "import torch.distributed as dist\nGATHER = dist.all_gather_into_tensor",
+    "from torch.distributed import distributed_c10d as c10d\nc10d.new_group(backend='gloo')",
+])
+def test_the_collective_finder_finds_each_spelling(source):
+    assert distributed_collectives(source)
+
+
+def test_the_collective_finder_leaves_other_calls_alone():
+    assert not distributed_collectives("import torch.distributed as dist\ndist.get_rank(); dist.is_initialized()\n"
+                                       "comm.all_reduce(t); pg.broadcast([t])")

@@ -39,6 +39,10 @@ ALLOWED = {
     "npudist.dashboards.cli.err": "rich Console on stderr: an output stream",
     "npudist.deploy.cli.app": "typer app: the `npudist deploy` command table, built at import",
     "npudist.deploy.cli.err": "rich Console on stderr: an output stream",
+    "npudist.migrate.cli.app": "typer app: the `npudist migrate` command table, built at import",
+    "npudist.migrate.cli.err": "rich Console on stderr: an output stream",
+    "npudist.edge.cli.app": "typer app: the `npudist edge` command table, built at import",
+    "npudist.edge.cli.err": "rich Console on stderr: an output stream",
     "npudist.comm.bench.app": "typer app: the `npudist bench` command table, built at import",
     "npudist.ops.activations.swish": "custom operator defined in torch.library at import (torch's dispatcher is "
                                      "process-wide); its kernel table mirrors what is registered there",

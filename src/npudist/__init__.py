@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from npudist.comm import active_constraints as constraints
     from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, reduce_scatter
     from npudist.comm.ddp import ddp
-    from npudist.runtime import DistContext, DistInitError, init, shutdown
+    from npudist.lifecycle import DistContext, DistInitError, init, shutdown
 
 # Public name -> (module, attribute there).
 _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
@@ -32,13 +32,13 @@ _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "constraints": ("npudist.comm", "active_constraints"),
     "reduce_scatter": ("npudist.comm", "reduce_scatter"),
     "ddp": ("npudist.comm.ddp", "ddp"),
-    "DistContext": ("npudist.runtime.lifecycle", "DistContext"),
-    "DistInitError": ("npudist.runtime.lifecycle", "DistInitError"),
-    "init": ("npudist.runtime.lifecycle", "init"),
-    "shutdown": ("npudist.runtime.lifecycle", "shutdown"),
+    "DistContext": ("npudist.lifecycle", "DistContext"),
+    "DistInitError": ("npudist.lifecycle", "DistInitError"),
+    "init": ("npudist.lifecycle", "init"),
+    "shutdown": ("npudist.lifecycle", "shutdown"),
 })
-_SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "infer", "ops",
-                          "report", "runtime", "telemetry"})
+_SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "edge", "infer", "lifecycle",
+                          "migrate", "ops", "report", "runtime", "telemetry"})
 
 __all__ = [
     "Accelerator",

@@ -120,16 +120,35 @@ def _add_deploy() -> None:
 _add_deploy()
 
 
+def _add_migrate() -> None:
+    from npudist.migrate.cli import app as migrate_app
+
+    app.add_typer(migrate_app, name="migrate", help="Port a CUDA training script: `npudist migrate check|fix PATH`.")
+
+
+_add_migrate()
+def _add_edge() -> None:
+    from npudist.edge.cli import app as edge_app
+
+    app.add_typer(edge_app, name="edge", help="Rockchip NPU models: `npudist edge convert --help`.")
+
+
+_add_edge()
+
+
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
 def exporter(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),
     source: str = typer.Option("auto", help="auto, npu-smi, rknpu, nvml, cpu (or package.module:Class)."),
     interval: str = typer.Option("5s", help="Time between device reads, e.g. 5s, 500ms, 1m."),
+    collectors: str = typer.Option("all", help="Reliability/network collectors or families to serve, e.g. "
+                                   "all,-optical,-npudist_link_pfc_priority_frames_total (README: Collectors)."),
+    collectors_file: str = typer.Option(None, help="File of --collectors entries, one per line (# comments)."),
 ) -> None:
     from npudist.telemetry.exposition import node_exporter as node
 
     try:
-        running = node.start(listen, source, interval)
+        running = node.start(listen, source, interval, collectors, collectors_file)
     except (node.ExporterError, node.SourceUnavailable) as exc:
         err.print(f"[bold red]npudist exporter:[/] {exc}")
         raise typer.Exit(2) from None

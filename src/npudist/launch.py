@@ -67,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p = get_args_parser()
     p.prog, p.usage, p.description = "npudist launch", USAGE, DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
+    # Options are matched whole: an abbreviation ("--metrics" for --metrics-port) would be acted on here
+    # and still reach torchrun, which reads it its own way or fails on it.
+    p.allow_abbrev = False
     group = p.add_argument_group("npudist options")
     group.add_argument("--accelerator", default=None, metavar="NAME",
                        help="use this accelerator (npu, cuda, mlu, rknpu, cpu) instead of detecting one; "

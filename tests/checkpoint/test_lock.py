@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from npudist.checkpoint.lock import LOCK_FILE, Holder, RunDirBusy, RunDirLock, parse_holder
+from npudist.checkpoint.lock import LOCK_FILE, Holder, RunDirBusy, RunDirLock, RunDirLockError, parse_holder
 from tests.conftest import child_env
 
 
@@ -72,3 +72,42 @@ def test_a_restart_of_the_same_torchrun_job_waits_for_its_predecessors_lock(tmp_
                                   "[" * 100000, json.dumps({"host": "h", "pid": 3})])
 def test_a_damaged_lock_file_names_nobody_and_never_raises(text):
     assert parse_holder(text) is None
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path, dangling):
+    target = tmp_path / "precious.txt"
+    if not dangling:
+        target.write_text("keep me")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / LOCK_FILE).symlink_to(target)
+    with pytest.raises(RunDirLockError, match=r"\.npudist\.lock is a symlink"):
+        RunDirLock(run_dir).acquire()
+    assert (target.read_text() == "keep me") if not dangling else not target.exists()
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path):
+    os.mkfifo(tmp_path / LOCK_FILE)
+    with pytest.raises(RunDirLockError, match="not a regular file"):
+        RunDirLock(tmp_path).acquire()
+
+
+HOSTILE = ['{"host": "h", "pid": 1e999, "started": "x"}', '{"host": "h", "pid": true, "started": "x"}',
+           '{"host": ["h"], "pid": 5, "started": "x"}', '{"host": "h", "pid": 5, "started": "x", "restart": 1e400}',
+           '{"host": "h", "pid": -5, "started": "x"}', '{"host": "h", "pid": 100000000000000000000, "started": "x"}',
+           '{"host": "h", "pid": 5, "started": "x", "job": {"a": 1}}', '{"host": "' + "h" * 5000 + '", "pid": 5, '
+           '"started": "x"}']
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_an_absurd_holder_record_names_nobody_and_is_taken_over_or_refused_by_name(tmp_path, text):
+    assert parse_holder(text) is None
+    (tmp_path / LOCK_FILE).write_text(text)
+    lock = RunDirLock(tmp_path)
+    assert lock.acquire() is None  # free: taken over, the record replaced by this process's
+    assert parse_holder((tmp_path / LOCK_FILE).read_text()).pid == os.getpid()
+    os.pwrite(lock._fd, text.encode(), 0)  # held, with the absurd record: a named refusal
+    with pytest.raises(RunDirBusy, match="a process that has not yet written its name"):
+        RunDirLock(tmp_path).acquire()
+    lock.release()

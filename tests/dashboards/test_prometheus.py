@@ -13,7 +13,7 @@ import pytest
 from npudist.dashboards import ALERTS, DASHBOARDS, RECORDINGS, rules_document, with_for
 from npudist.dashboards.promql import substitute
 from npudist.dashboards.rules import to_yaml
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import FAKES, REPO, child_env, fakes_path
 from tests.dashboards.prom import PROMETHEUS, Prometheus, free_pair, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
@@ -22,7 +22,7 @@ RANK_JOB = Path(__file__).with_name("rank_job.py")
 
 
 def _exporter(port: int, source: str, extra: dict[str, str]) -> subprocess.Popen:
-    env = child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}", **extra})
+    env = child_env({"PATH": fakes_path(), **extra})
     return subprocess.Popen([sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}",
                              "--source", source, "--interval", "1s"], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -45,15 +45,26 @@ def stack(tmp_path_factory):
     prom = None
     try:
         ports = [free_port() for _ in range(3)]
+        # A 910B node: its own `-t` outputs (910B usages print the vector split), and NIC 0's `-stat` from the
+        # recording with RoCE error counters while NIC 1 prints the one with PFC/pause/NIC counters.
+        t_dir, answers = tmp / "t", tmp / "hccn"
+        t_dir.mkdir()
+        answers.mkdir()
+        for src in [*(FAKES / "npu-smi").glob("t-*-910b.txt"), *(FAKES / "npu-smi").glob("t-ecc-*.txt"),
+                    FAKES / "npu-smi" / "t-health-ok.txt"]:
+            (t_dir / src.name).write_text(src.read_text())
+        (answers / "hccn_tool-stat-dev0.txt").write_text(
+            (FAKES / "ascend-tools" / "hccn_tool-stat-mindcluster-1.txt").read_text())
         procs.append(_exporter(ports[0], "npu-smi", {
-            "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / "910b2c-8npu-constructed.txt")}))
+            "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / "910b2c-8npu-constructed.txt"),
+            "NPUDIST_FAKE_NPU_SMI_T_DIR": str(t_dir), "NPUDIST_FAKE_HCCN_DIR": str(answers)}))
         procs.append(_exporter(ports[1], "cpu", {}))  # the CPU's clock: npu-smi's table has no frequency
         procs.append(_exporter(ports[2], "npu-smi", {"NPUDIST_FAKE_NPU_SMI_MODE": "fail"}))  # a broken node
         base, targets, stop = free_pair(), tmp / "sd" / "npudist.json", tmp / "stop"
         launch = subprocess.Popen(
             [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
              "--targets-file", str(targets), str(RANK_JOB), str(stop)],
-            env=child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"}), cwd=REPO,
+            env=child_env({"PATH": fakes_path()}), cwd=REPO,
             stdout=(tmp / "launch.log").open("w"), stderr=subprocess.STDOUT)
         procs.append(launch)
         # Test copy of the rules: the straggler alert's `for` shortened from 5m so it goes pending here.
@@ -101,7 +112,8 @@ def test_every_panel_query_returns_data(stack):
     # Slowest inputs first: operator histograms (profiled step every 5 steps) and rule-derived series.
     for expr in ("npudist:op_duration_seconds:p95", "npudist:collective_busbw_bytes_per_second",
                  "npudist:node_device_frequency_hertz:min", "npudist_collector_errors_total",
-                 "npudist_straggler_rank"):
+                 "npudist_straggler_rank", "npudist:device_rank:info", "npudist_link_up",
+                 "npudist_link_optical_rx_power_watts", "npudist_device_alarm_level"):
         _wait_for(stack, expr, 60)
     straggler = _series(stack, "max(npudist_straggler_rank)")[0]["value"][1]
     empty = []
@@ -135,6 +147,15 @@ def test_every_alert_expression_evaluates(stack):
     for a in ALERTS:
         res = stack.query(a.expr)
         assert res["status"] == "success", (a.name, res)
+
+
+def test_reliability_alerts_name_the_rank_on_the_card(stack):
+    # The fake hccn_tool prints the recorded optical module of hccn_tool-optical-mindcluster-1.txt for every
+    # NIC: lane 1 receives 0.0054 mW, below its 0.1445 mW limit. NIC 0 is logical chip 0 = NPU 3, rank 0's.
+    _wait_for(stack, "npudist:device_rank:info", 60)
+    (rx,) = [s for s in _series(stack, next(a.expr for a in ALERTS if a.name == "NpudistOpticalPowerOutOfRange"))
+             if s["metric"]["nic"] == "0" and s["metric"]["direction"] == "rx"]
+    assert (rx["metric"]["rank"], rx["metric"]["device"], rx["metric"]["lane"]) == ("0", "3", "1")
 
 
 def test_a_finished_job_empties_its_targets_and_pages_no_one(tmp_path):

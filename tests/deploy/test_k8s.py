@@ -17,6 +17,7 @@ from npudist.dashboards.export import export
 from npudist.dashboards.rules import JOB_MATCH, rules_document
 from npudist.deploy import PLACEMENTS, K8sOptions
 from npudist.deploy.k8s import KUSTOMIZATION, files
+from npudist.deploy.options import DeployError
 from npudist.launch import parser, plan
 from npudist.telemetry.exposition.server import parse_listen
 from npudist.telemetry.sources.registry import SOURCES
@@ -211,3 +212,31 @@ def test_kustomize_builds_the_folder(tmp_path):
     assert len(built) == len(generated) - 1
     monitors = [o for o in built if o["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule")]
     assert len(monitors) == 3 and all(o["metadata"]["labels"]["release"] == "kps" for o in monitors)
+
+
+@pytest.mark.parametrize(("accelerator", "scheduler"), COMBOS)
+def test_training_pods_run_restricted_with_no_token_unless_asked(accelerator, scheduler):
+    """The 'restricted' Pod Security Standard's container rules (no escalation, all capabilities dropped,
+    RuntimeDefault seccomp) and no service-account token: training calls no Kubernetes API."""
+    kind = {"kubeflow": "PyTorchJob", "volcano": "Job"}[scheduler]
+    for opts, token, caps in [
+        (K8sOptions(accelerator=accelerator, scheduler=scheduler, nodes=2), False, None),
+        (K8sOptions(accelerator=accelerator, scheduler=scheduler, nodes=2, service_account_token=True,
+                    add_capabilities=("IPC_LOCK",)), True, ["IPC_LOCK"]),
+    ]:
+        job = _kind(_objects(opts), kind)
+        validate(job)
+        for template in pod_templates(job):
+            spec = template["spec"]
+            assert spec["automountServiceAccountToken"] is token
+            assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            (c,) = spec["containers"]
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            assert c["securityContext"]["capabilities"].get("add") == caps
+
+
+@pytest.mark.parametrize("cap", ["CAP_IPC_LOCK", "ipc_lock", "IPC LOCK", ""])
+def test_a_capability_is_a_plain_upper_case_name(cap):
+    with pytest.raises(DeployError, match="--add-capability"):
+        K8sOptions(add_capabilities=(cap,))

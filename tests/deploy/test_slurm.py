@@ -18,7 +18,7 @@ import yaml
 from npudist.dashboards.rules import JOB_MATCH
 from npudist.deploy import PLACEMENTS, SlurmOptions, write_files
 from npudist.deploy.slurm import NODE_TARGETS, PROMETHEUS, SBATCH, UNIT, files, prometheus_config
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import REPO, child_env, fakes_path
 from tests.deploy.test_k8s import _free_base
 
 
@@ -41,6 +41,25 @@ def test_sbatch_parses_and_asks_for_the_layout(accelerator, tmp_path):
 
 def test_sbatch_trains_two_cpu_ranks_under_a_fake_srun(tmp_path):
     """srun starts 2 tasks; each runs `npudist launch --mpi`, which maps the Slurm variables to torch's."""
+    _train_under_fake_srun(tmp_path)
+
+
+def test_fake_srun_runs_under_the_tests_python_whatever_the_machines_path_holds(tmp_path, monkeypatch):
+    """A `python3` and an `npudist` early on the inherited PATH (a pyenv shim, an earlier `make demo`) must
+    stand in neither for the interpreter of the `#!/usr/bin/env python3` fakes nor for the recording shim."""
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    for name in ("python3", "npudist"):
+        exe = decoy / name
+        exe.write_text(f'#!/bin/sh\necho "decoy {name} ran" >> {tmp_path}/decoy.log\nexit 97\n')
+        exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{decoy}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "job").mkdir()
+    _train_under_fake_srun(tmp_path / "job")
+    assert not (tmp_path / "decoy.log").exists()
+
+
+def _train_under_fake_srun(tmp_path):
     base, rdzv = _free_base(2), _free_base(1)
     sd = tmp_path / "sd"
     opts = SlurmOptions(accelerator="cpu", nodes=1, nproc_per_node=2, metrics_port=base, rdzv_port=rdzv,
@@ -59,7 +78,7 @@ def test_sbatch_trains_two_cpu_ranks_under_a_fake_srun(tmp_path):
     sbatch_env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_NNODES": d["nodes"],
                   "SLURM_NTASKS_PER_NODE": d["ntasks-per-node"],
                   "SLURM_NTASKS": str(int(d["nodes"]) * int(d["ntasks-per-node"])), "FAKE_SRUN_TIMEOUT": "200",
-                  "PATH": os.pathsep.join([str(FAKES / "bin"), str(shim.parent), os.environ["PATH"]])}
+                  "PATH": fakes_path(shim.parent)}
     res = subprocess.run(["bash", str(tmp_path / "out" / SBATCH)], env=child_env(sbatch_env), cwd=REPO,
                          capture_output=True, text=True, timeout=240, check=False)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -113,3 +132,23 @@ def test_systemd_unit_verifies_and_runs_as_root_only_for_npu_smi(accelerator, tm
     res = subprocess.run([analyze, "verify", str(tmp_path / "npudist-exporter.service")], capture_output=True,
                          text=True, timeout=60, check=False)
     assert res.returncode == 0 and "Unknown" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(("flag", "value"), [("sd_dir", "/shared/sd/$(touch /tmp/pwned)"),
+                                             ("sd_dir", "/shared/`touch /tmp/pwned`"), ("sd_dir", '/sd/"x'),
+                                             ("sd_dir", "/sd/${HOME}"), ("exporter_bin", "/usr/bin/npu dist"),
+                                             ("exporter_bin", "/usr/bin/npudist;reboot")])
+def test_paths_written_into_the_script_cannot_run_code(flag, value):
+    from npudist.deploy.options import DeployError
+
+    with pytest.raises(DeployError, match=f"--{flag.replace('_', '-')} .*written into a shell script"):
+        SlurmOptions(**{flag: value})
+
+
+def test_the_sd_dir_reaches_the_ranks_verbatim(tmp_path):
+    sd = "/shared/prom_sd/team-a,b=c@d%e+f.g"
+    script = files(SlurmOptions(sd_dir=sd))[SBATCH]
+    line = next(x for x in script.splitlines() if x.startswith("export NPUDIST_SD_DIR="))
+    res = subprocess.run(["bash", "-c", f"set -u; {line}; printf %s \"$NPUDIST_SD_DIR\""], capture_output=True,
+                         text=True, timeout=30, check=False, env={"PATH": os.defpath})
+    assert res.stdout == sd, res.stderr

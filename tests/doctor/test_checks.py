@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from npudist.doctor import FAIL, OK, SKIP, WARN, Host, as_document, checks, exit_code, run_checks
-from tests.conftest import FAKES, child_env, run_npudist
+from tests.conftest import FAKES, child_env, fakes_path, run_npudist
 
 
 def _host(**kw) -> Host:
@@ -217,12 +217,18 @@ def test_doctor_flags_torch_npu_built_for_another_torch():
     assert by["tool:npu-smi"]["status"] == "warn"  # device available, its tool missing
 
 
+@pytest.fixture
+def fakes_first(monkeypatch):
+    """The fake npu-smi inherits this process's PATH: its `python3` must be the tests' interpreter."""
+    monkeypatch.setenv("PATH", fakes_path())
+
+
 def _fake_npu_smi_host(recording: str, **env) -> Host:
     return _host(env={"PATH": str(FAKES / "bin"), "NPUDIST_FAKE_NPU_SMI_FILE": str(FAKES / "npu-smi" / recording),
                       **env})
 
 
-def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch):
+def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch, fakes_first):
     # The fake npu-smi reads its mode from the process environment it inherits.
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/910b2c-23.0.2.1-with-processes.txt"))
     got = _by_name(checks.device_processes(_fake_npu_smi_host("910b2c-23.0.2.1-with-processes.txt")))
@@ -230,13 +236,13 @@ def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch):
     assert "124528 (python3.8)" in got["processes:npu-smi"].finding  # row "| 0  0 | 124528 | python3.8 |"
 
 
-def test_no_process_on_the_npus_is_ok(monkeypatch):
+def test_no_process_on_the_npus_is_ok(monkeypatch, fakes_first):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/310-23.0.0-no-processes.txt"))
     got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == OK
 
 
-def test_npu_smi_printing_garbage_is_a_warning(monkeypatch):
+def test_npu_smi_printing_garbage_is_a_warning(monkeypatch, fakes_first):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "garbage")
     got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == WARN and "could not read npu-smi" in got["processes:npu-smi"].finding

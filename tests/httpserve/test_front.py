@@ -27,6 +27,12 @@ GOOD = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"
     (b"POST /x HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 400, "ASCII digits"),
     (b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, "conflicting"),
     (b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411, "Content-Length"),
+    # RFC 9112 5.1: whitespace between a field name and its colon is a 400, whatever the field.
+    (b"POST /x HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n", 400, "no space before it"),
+    (b"POST /x HTTP/1.1\r\nContent-Length\t: 3\r\n\r\n", 400, "no space before it"),
+    (b"GET /x HTTP/1.1\r\nHost: a\r\n folded: value\r\n\r\n", 400, "no folded lines"),  # RFC 9112 5.2
+    (b"GET /x HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed header line"),
+    (b"GET /x HTTP/1.1\r\n: empty name\r\n\r\n", 400, "malformed header line"),
     (b"POST /x HTTP/1.1\r\nContent-Length: 11\r\n\r\n", 413, "over this server's 10-byte limit"),
     (b"GET /x HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(200)) + b"\r\n", 431, "headers"),
 ])
@@ -142,5 +148,54 @@ def test_a_handler_that_raises_is_a_500_and_the_front_keeps_serving():
         answer = exchange(front.port, b"GET /boom HTTP/1.1\r\n\r\n")
         assert status(answer) == 500 and b"collector exploded" in answer
         assert status(exchange(front.port, GOOD)) == 200
+    finally:
+        front.close()
+
+
+def test_the_end_of_a_head_sent_a_byte_at_a_time_is_searched_for_once(monkeypatch):
+    """Each read searches only the new bytes (and the 3 before them), not the head from byte 0 again."""
+    from npudist.httpserve import front as front_mod
+    from npudist.httpserve import request as request_mod
+
+    searched = []
+    real = request_mod._HEAD_END
+
+    class Counting:
+        def search(self, buf, pos=0, endpos=None):
+            searched.append(min(len(buf), endpos) - pos)
+            return real.search(buf, pos, endpos)
+
+    monkeypatch.setattr(request_mod, "_HEAD_END", Counting())
+    head = b"GET /x HTTP/1.1\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 60) for i in range(60)) + b"\r\n"
+    front = Front("127.0.0.1", 0, Limits(max_head_bytes=16 * 1024))
+    conn = front_mod._Conn(socket.socket(), ("127.0.0.1", 1), deadline=0)
+    try:
+        for i in range(len(head)):
+            conn.buf += head[i:i + 1]
+            request = front._complete(conn)
+        assert request is not None and request.head.path == "/x" and conn.head.size == len(head)
+    finally:
+        conn.sock.close()
+        front.close()
+    assert sum(searched) <= 4 * len(head)  # from byte 0 each time: len(head)**2 / 2 bytes
+
+
+def test_a_client_that_expects_100_continue_gets_it_before_sending_its_body():
+    front = Front("127.0.0.1", 0, Limits(max_body_bytes=100)).start(lambda r: Reply(200, b"got " + r.body))
+    try:
+        with socket.create_connection(("127.0.0.1", front.port), timeout=10) as s:
+            s.sendall(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+            interim = b""
+            while not interim.endswith(b"\r\n\r\n"):
+                chunk = s.recv(1)  # times out (10 s) when the server stays silent, as curl waits 1 s
+                assert chunk, interim
+                interim += chunk
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            s.sendall(b"hello")
+            answer = b"".join(iter(lambda: s.recv(65536), b""))
+        assert status(answer) == 200 and answer.endswith(b"got hello")
+        # Without the expectation (or in HTTP/1.0, RFC 9110 10.1.1) no interim reply comes first.
+        answer = exchange(front.port, b"POST /x HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nhi")
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"got hi")
     finally:
         front.close()

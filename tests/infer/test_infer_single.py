@@ -105,10 +105,18 @@ def test_rknnlite_errors_are_clear(fake_rknnlite, tmp_path: Path) -> None:
     with pytest.raises(RunnerError, match="core_mask '5': choose one of auto, 0, 1, 2, 0_1, 0_1_2, all"):
         RKNNLiteRunner(str(_rknn_model(tmp_path / "m.rknn")), core_mask="5")
     # The real inference() returns None on failure (here: a batch the model was not converted for).
-    runner = RKNNLiteRunner(str(_rknn_model(tmp_path / "b2.rknn", batch=2)), core_mask="all")
+    runner = RKNNLiteRunner(str(_rknn_model(tmp_path / "b1.rknn", batch=1)), core_mask="all", batch_size=2)
     assert fake_rknnlite.CALLS[-1] == ("init_runtime", 0xFFFF)  # NPU_CORE_ALL
-    with pytest.raises(RunnerError, match=r"inference returned no outputs .*b2.rknn \(batch of 1"):
+    with pytest.raises(RunnerError, match=r"rknnlite inference returned no outputs .*b1.rknn \(batch of 2"):
         runner(torch.tensor([[1.0, 2.0]]))
+
+
+def test_rknnlite_pads_the_last_chunk_to_the_models_batch(fake_rknnlite, tmp_path: Path) -> None:
+    runner = RKNNLiteRunner(str(_rknn_model(tmp_path / "b2.rknn", batch=2)), batch_size=2)
+    out = runner(torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.0, 1.0]]))
+    assert out.tolist() == [[1.0, 2.0, 0.5], [3.0, -1.0, 7.5], [0.0, 1.0, -0.5]]  # the zero padding is dropped
+    assert [c for c in fake_rknnlite.CALLS if c[0] == "inference"] == [("inference", (2, 2))] * 2
+    assert runner.core_mask == "auto"
 
 
 def test_rknnlite_missing_package_is_clear(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -125,3 +133,25 @@ def test_select_runner_picks_rknnlite_on_a_board(fake_rknnlite, tmp_path: Path) 
     runner = select_runner(None, rknn_path=str(_rknn_model(tmp_path / "m.rknn")), core_mask="1", acc=board)
     assert runner.kind == "rknnlite"
     assert fake_rknnlite.CALLS[1] == ("init_runtime", 2)  # NPU_CORE_1
+
+
+def test_edge_metrics_latency_failures_and_core_mask(fake_rknnlite, tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.job.edge_metrics import EdgeCollector
+
+    runner = RKNNLiteRunner(str(_rknn_model(tmp_path / "m.rknn")), core_mask="0_1")
+    server = EnsembleServer(runner, num_classes=3)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EdgeCollector(CollectorHealth(), ("2", "0", "board2", "", ""), lambda: server.stats))
+    server.predict(torch.tensor([[1.0, 2.0]]))
+    fake_rknnlite.CALLS.clear()
+    runner.rknn.ready = False  # the runtime now returns None, as the real one does after an NPU error
+    with pytest.raises(EnsembleError, match="1 of 1 ensemble members failed"):
+        server.predict(torch.tensor([[1.0, 2.0]]))
+    text = generate_latest(registry).decode()
+    labels = 'chip="",core_mask="0_1",device="",local_rank="0",node="board2",rank="2",runtime="rknnlite"'
+    assert f"npudist_edge_inference_duration_seconds_count{{{labels}}} 2.0" in text
+    assert f"npudist_edge_inference_failures_total{{{labels}}} 1.0" in text
+    assert f"npudist_edge_runtime_info{{{labels}}} 1.0" in text

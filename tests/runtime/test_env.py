@@ -73,8 +73,8 @@ def test_torchrun_env_round_trips():
 def test_init_errors_say_what_happened():
     from datetime import timedelta
 
+    from npudist.lifecycle import _explain
     from npudist.runtime.env import RankInfo
-    from npudist.runtime.lifecycle import _explain
 
     info = RankInfo(1, 2, 1, 2, 0, "openmpi")
     refused = _explain(RuntimeError("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: "

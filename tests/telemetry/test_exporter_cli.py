@@ -1,3 +1,4 @@
+import contextlib
 import socket
 import subprocess
 import sys
@@ -65,6 +66,8 @@ def test_exporter_command_errors_name_the_problem():
     assert bad.exit_code == 2 and "unknown telemetry source 'gpu'" in bad.output
     bad = runner.invoke(app, ["exporter", "--interval", "soon"])
     assert bad.exit_code == 2 and "--interval 'soon'" in bad.output
+    bad = runner.invoke(app, ["exporter", "--collectors", "all,-opticals"])
+    assert bad.exit_code == 2 and "'-opticals' is neither a collector" in " ".join(bad.output.split())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -72,3 +75,38 @@ def test_exporter_command_errors_name_the_problem():
         bad = runner.invoke(app, ["exporter", "--listen", f"127.0.0.1:{port}", "--source",
                                   "npudist.telemetry:Source"])
     assert bad.exit_code == 2 and "already in use" in bad.output
+
+
+@pytest.mark.slow
+def test_exporter_serves_the_reliability_families_from_the_fake_tools(tmp_path):
+    """`npudist exporter --source npu-smi` with the fake npu-smi and hccn_tool (recorded outputs) serves at
+    least 30 reliability and network families, in base units, and honours --collectors."""
+    from tests.conftest import fakes_path
+
+    port = _free_port()
+    env = child_env({"PATH": fakes_path()})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}", "--source", "npu-smi",
+         "--collectors", "all,-npudist_link_info"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        text, deadline = "", time.monotonic() + 120
+        while not ("npudist_link_net_healthy{" in text and "npudist_device_alarm_level{" in text) \
+                and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):  # not listening yet
+                text = scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            time.sleep(0.5)
+        fams = families(text)
+        served = {name for name, fam in fams.items() if name.startswith(("npudist_link_", "npudist_device_"))
+                  and fam.samples} - {"npudist_device_up", "npudist_device_info", "npudist_device_power_watts",
+                                      "npudist_device_temperature_celsius", "npudist_device_utilization_ratio",
+                                      "npudist_device_memory_used_bytes", "npudist_device_memory_total_bytes",
+                                      "npudist_device_frequency_hertz"}
+        assert len(served) >= 30, sorted(served)
+        assert "npudist_link_info" not in served  # switched off
+        rx = samples(fams, "npudist_link_optical_rx_power_watts")
+        assert sorted(rx.values())[0] == pytest.approx(0.0054e-3)  # 0.0054 mW in the recording
+        speed = set(samples(fams, "npudist_link_speed_bytes_per_second").values())
+        assert speed == {400e9 / 8}  # "400 G" in the 950 speed table
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)

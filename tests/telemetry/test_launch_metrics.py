@@ -1,5 +1,4 @@
 import json
-import os
 import re
 import signal
 import socket
@@ -11,7 +10,7 @@ import pytest
 
 from npudist.accelerators import get
 from npudist.launch import LaunchError, plan
-from tests.conftest import FAKES, child_env, run_npudist
+from tests.conftest import FAKES, child_env, fakes_path, run_npudist
 from tests.telemetry.exp_helpers import families, samples
 
 CPU = get("cpu")
@@ -104,7 +103,7 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
     base, targets = _free_base(), tmp_path / "sd" / "targets.json"
-    env = child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}", "ASCEND_RT_VISIBLE_DEVICES": "4,5",
+    env = child_env({"PATH": fakes_path(), "ASCEND_RT_VISIBLE_DEVICES": "4,5",
                      "NPUDIST_FAKE_NPU_SMI_MAP": str(FAKES / "npu-smi" / "info-m-a3-16chip-constructed.txt")})
     res = run_npudist(["launch", "--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
                        str(targets), str(script), str(tmp_path)], env=env, timeout=180)

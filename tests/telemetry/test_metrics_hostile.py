@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from npudist.telemetry.exposition import server as metrics_server
 from npudist.telemetry.exposition.node_exporter import build
 from npudist.telemetry.exposition.server import CoalescedApp, serve
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import REPO, child_env, fakes_path
 from tests.httpserve.clients import Crowd, exchange, status
 from tests.telemetry.exp_helpers import ScriptedSource, eight_ascend, families, samples, scrape
 
@@ -124,6 +124,41 @@ def test_a_scrape_waiting_on_a_render_that_raised_gets_the_error(monkeypatch):
     assert len(calls) == 1 and len(errors) == 2  # one render, both scrapes failed with it
 
 
+
+def test_kept_answers_are_reused_then_refreshed_in_the_background():
+    now = [100.0]
+    renders = []
+    refreshed = threading.Event()
+
+    def app(environ, start_response):
+        renders.append(environ.get("QUERY_STRING", ""))
+        if len(renders) > 1:
+            refreshed.set()
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [f"render {len(renders)}".encode()]
+
+    coalesced = CoalescedApp(app, max_age_s=1.0)
+    clock = time.monotonic
+    try:
+        time.monotonic = lambda: now[0]  # the kept answers' ages, under test control
+        get = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics"}
+        assert coalesced(dict(get), lambda *a: None) == [b"render 1"]
+        now[0] += 0.5
+        assert coalesced(dict(get), lambda *a: None) == [b"render 1"] and len(renders) == 1  # fresh enough
+        now[0] += 1.0  # 1.5 s old: still served, while a background render replaces it
+        assert coalesced(dict(get), lambda *a: None) == [b"render 1"]
+        assert refreshed.wait(10)
+        deadline = clock() + 10
+        while coalesced(dict(get), lambda *a: None) != [b"render 2"] and clock() < deadline:
+            time.sleep(0.01)
+        assert coalesced(dict(get), lambda *a: None) == [b"render 2"]
+        filtered = {**get, "QUERY_STRING": "name[]=npudist_link_up"}
+        coalesced(dict(filtered), lambda *a: None)
+        coalesced(dict(filtered), lambda *a: None)
+        assert renders.count("name[]=npudist_link_up") == 2  # name[] answers are never kept
+    finally:
+        time.monotonic = clock
+
 EXPORTER = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
@@ -147,7 +182,7 @@ def _last_success(url: str) -> float:
 
 @pytest.mark.slow
 def test_sixty_half_sent_requests_under_a_64_descriptor_limit():
-    env = child_env({"PATH": f"{FAKES / 'bin'}:{child_env()['PATH']}"})
+    env = child_env({"PATH": fakes_path()})
     proc = subprocess.Popen([sys.executable, "-c", EXPORTER], env=env, cwd=REPO, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     crowds = []

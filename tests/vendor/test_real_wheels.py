@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAKES, REPO, child_env
+from tests.conftest import REPO, child_env, fakes_path
 from tests.telemetry.exp_helpers import families, scrape
 
 VENDOR_PYTHON = os.environ.get("NPUDIST_REAL_VENDOR_PYTHON")
@@ -119,7 +119,7 @@ def _serve(args: list[str], port: int, want: str, **env: str) -> tuple[str, str]
 
 def test_exporter_serves_npu_smi_metrics_with_the_broken_python_stack():
     port = _free_port()
-    path = f"{FAKES / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    path = fakes_path()
     text, err = _serve(["--source", "auto"], port, "npudist_device_power_watts{", PATH=path)
     assert "Traceback" not in err
     assert "torch_npu does not load" in err
@@ -146,3 +146,12 @@ def test_fakes_tree_is_not_on_the_vendor_path():
     done = _run(["-c", "import importlib.util as u; print(u.find_spec('torch_npu').origin)"])
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).is_relative_to(Path(VENDOR_PYTHON).parent.parent)
+
+
+def test_nvml_reliability_names_exist_in_the_released_nvidia_ml_py():
+    """Every pynvml name the reliability source calls is in the released wheel (the fake could drift)."""
+    code = ("import json, pynvml; from npudist.telemetry.sources.nvml_reliability import API_NAMES; "
+            "print(json.dumps([n for n in API_NAMES if not hasattr(pynvml, n)]))")
+    done = _run(["-c", code])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

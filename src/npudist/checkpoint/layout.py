@@ -3,9 +3,13 @@
     RUN_DIR/step-00000040/state.pt        the state (or DCP shard files for sharded state)
     RUN_DIR/step-00000040/manifest.json   written last: step, format, sha256 and size of every file
     RUN_DIR/.tmp-step-00000040/           a write in progress; never read, removed on the next save
+    RUN_DIR/.old-step-00000040/           a step being replaced by a new save of that step (only where the
+                                          filesystem cannot exchange two names); put back or removed on
+                                          the next save
 
 A checkpoint exists only once its directory has been renamed into place, so a crash at any moment
-leaves either the complete new checkpoint or none of it.
+leaves either the complete new checkpoint or none of it; a step saved again is exchanged with its old
+directory in one rename, so that step always has one complete copy.
 
 A manifest is untrusted input (anyone who can write the run directory can write one): it may name
 only regular files inside its own checkpoint directory, reached without following a symlink, and
@@ -48,9 +52,21 @@ def tmp_dir_name(step: int) -> str:
     return f".tmp-{step_dir_name(step)}"
 
 
+def aside_dir_name(step: int) -> str:
+    return f".old-{step_dir_name(step)}"
+
+
 def parse_step(name: str) -> int | None:
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
+
+
+def parse_leftover(name: str) -> tuple[str, int] | None:
+    """("tmp" | "old", step) for the hidden directories a save that died leaves behind, else None."""
+    for kind in ("tmp", "old"):
+        if name.startswith(f".{kind}-") and (step := parse_step(name[len(kind) + 2:])) is not None:
+            return kind, step
+    return None
 
 
 def _sha256_fd(fd: int, chunk: int = 1 << 20) -> str:
@@ -167,22 +183,24 @@ def read_manifest(dir_fd: int) -> Any:
     return json.loads(data)
 
 
-def verify(directory: Path) -> tuple[dict | None, str | None]:
+def verify(directory: Path, *, hashes: bool = True) -> tuple[dict | None, str | None]:
     """(manifest, None) when every listed file is present with its recorded size and hash, else (None, why).
 
     Never raises for anything found on disk: a hostile or damaged checkpoint is only "not good".
+    ``hashes=False`` checks everything but the hashes: what a save uses to tell checkpoints from other
+    directories before it prunes, where reading every kept checkpoint back would cost keep x its size.
     """
     try:
         dir_fd = open_checkpoint_dir(directory)
     except OSError as exc:
         return None, f"not a real directory ({exc.strerror or exc})"
     try:
-        return _verify_open(dir_fd, parse_step(directory.name))
+        return _verify_open(dir_fd, parse_step(directory.name), hashes)
     finally:
         os.close(dir_fd)
 
 
-def _verify_open(dir_fd: int, step: int | None) -> tuple[dict | None, str | None]:
+def _verify_open(dir_fd: int, step: int | None, hashes: bool = True) -> tuple[dict | None, str | None]:
     try:
         manifest = read_manifest(dir_fd)
     except FileNotFoundError:
@@ -203,7 +221,7 @@ def _verify_open(dir_fd: int, step: int | None) -> tuple[dict | None, str | None
             size = os.fstat(fd).st_size
             if size != meta["bytes"]:
                 return None, f"{name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
-            if _sha256_fd(fd) != meta["sha256"]:
+            if hashes and _sha256_fd(fd) != meta["sha256"]:
                 return None, f"{name} fails its sha256 check (corrupted)"
         except OSError as exc:
             return None, f"{name} unreadable: {exc}"

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -36,9 +37,17 @@ from npudist.checkpoint.writer import CheckpointError
 log = logging.getLogger("npudist.checkpoint")
 LOCK_FILE = ".npudist.lock"
 SAME_JOB_WAIT_S = 150.0
+# The lock file is opened, never followed: a symlink planted there would have the holder's record
+# written over (and the release truncate) whatever it points to. O_NONBLOCK: a FIFO never blocks.
+_OPEN_LOCK = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_MAX_PID = 1 << 22  # Linux's PID_MAX_LIMIT (include/linux/threads.h)
 
 
-class RunDirBusy(CheckpointError):
+class RunDirLockError(CheckpointError):
+    """The run directory's lock could not be taken; raised on every rank, the message says why."""
+
+
+class RunDirBusy(RunDirLockError):
     """Another live job holds the run directory; the message names it (host, pid, start time)."""
 
 
@@ -57,14 +66,27 @@ class Holder:
         return f"host {self.host}, pid {self.pid}, started {self.started}{job}"
 
 
+def _field(raw: dict, name: str, kind: type, default: object = None) -> object:
+    value = raw.get(name, default)
+    if type(value) is not kind:  # exact: bool is an int, and json turns 1e999 into a float
+        raise ValueError(name)
+    if kind is str and len(value) > 256:
+        raise ValueError(name)
+    return value
+
+
 def parse_holder(text: str) -> Holder | None:
-    """The holder recorded in a lock file, or None for an empty or unreadable one (pure)."""
+    """The holder recorded in a lock file, or None for an empty, unreadable or implausible one (pure):
+    anyone can write the file, so only a record of the right types and ranges names a holder."""
     try:
         raw = json.loads(text)
-        return Holder(str(raw["host"]), int(raw["pid"]), str(raw["started"]), str(raw.get("job", "")),
-                      int(raw.get("restart", 0)))
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        if not isinstance(raw, dict):
+            return None
+        holder = Holder(_field(raw, "host", str), _field(raw, "pid", int), _field(raw, "started", str),
+                        _field(raw, "job", str, ""), _field(raw, "restart", int, 0))
+    except (ValueError, RecursionError):
         return None
+    return holder if 0 < holder.pid <= _MAX_PID and 0 <= holder.restart < 1 << 31 else None
 
 
 def this_process(env: dict[str, str] | None = None) -> Holder:
@@ -90,7 +112,16 @@ class RunDirLock:
         """
         me = me or this_process()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.path, _OPEN_LOCK, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise RunDirLockError(f"{self.path} is a symlink; a run directory's lock file must be a regular "
+                                  "file (following the link would overwrite its target). Remove it.") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunDirLockError(f"{self.path} is not a regular file; remove it")
         deadline = time.monotonic() + same_job_wait_s
         try:
             while True:
@@ -140,24 +171,28 @@ def lock_run_dir(run_dir: str | os.PathLike) -> RunDirLock | None:
 
     Call on every rank after ``npudist.init()`` (it is a collective when a process group exists).
     Returns the held lock on rank 0, None on the others; raises RunDirBusy on every rank when
-    another live job holds the directory.
+    another live job holds the directory, RunDirLockError on every rank when the lock cannot be taken.
+    The process's Runtime owns the lock: ``npudist.shutdown()`` releases it last, after the last
+    checkpoint write and the other ranks' end (runtime.state.CLOSE_ORDER).
     """
-    import torch.distributed as dist
+    from npudist.comm import control
+    from npudist.runtime.state import current
 
-    distributed = dist.is_available() and dist.is_initialized()
-    rank = dist.get_rank() if distributed else 0
     lock, outcome = None, [None]
-    if rank == 0:
+    if control.rank() == 0:
         lock = RunDirLock(run_dir)
         try:
             lock.acquire()
         except RunDirBusy as exc:
             lock, outcome = None, [("busy", str(exc))]
-        except OSError as exc:
-            lock, outcome = None, [("error", f"cannot lock run directory {run_dir}: {exc}")]
-    if distributed:
-        dist.broadcast_object_list(outcome, src=0)
+        except RunDirLockError as exc:
+            lock, outcome = None, [("error", str(exc))]
+        except Exception as exc:  # every failure reaches the broadcast: no rank may be left waiting in it
+            lock, outcome = None, [("error", f"cannot lock run directory {run_dir}: {type(exc).__name__}: {exc}")]
+    outcome = [control.broadcast_object(outcome[0], src=0)]
     if outcome[0] is not None:
         kind, message = outcome[0]
-        raise (RunDirBusy if kind == "busy" else CheckpointError)(message)
+        raise (RunDirBusy if kind == "busy" else RunDirLockError)(message)
+    if lock is not None:
+        current().own("run_dir_locks", lock.release)
     return lock

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
@@ -18,15 +19,18 @@ from npudist._version import __version__
 from npudist.checkpoint.layout import (
     MANIFEST,
     STATE_FILE,
+    aside_dir_name,
     build_manifest,
     open_checkpoint_dir,
     open_inside,
+    parse_leftover,
     parse_step,
     step_dir_name,
     tmp_dir_name,
     verify,
 )
 from npudist.checkpoint.writer import CheckpointError, SaveHandle, writer
+from npudist.comm import control
 
 log = logging.getLogger("npudist.checkpoint")
 
@@ -59,28 +63,82 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _explain_write_error(exc: OSError, root: Path, step: int) -> CheckpointError:
-    kept = list_checkpoints(root)
+# errno -> (what happened, how to fix it), for the failures a checkpoint write meets in practice.
+_WRITE_ERRORS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("no space left on the device holding {root}",
+                   "free space there, lower keep=, or point the run directory at a larger disk"),
+    errno.EDQUOT: ("disk quota exceeded on {root}", "free space in your quota, lower keep=, or use another disk"),
+    errno.EFBIG: ("a file grew past this process's file size limit (ulimit -f) or the filesystem's",
+                  "raise the limit (ulimit -f unlimited) or write to a filesystem that takes larger files"),
+    errno.EACCES: ("permission denied writing to {root}",
+                   "make the run directory writable by this user, or choose another one"),
+    errno.EPERM: ("permission denied writing to {root}",
+                  "make the run directory writable by this user, or choose another one"),
+    errno.EROFS: ("{root} is on a read-only filesystem", "choose a run directory on a writable filesystem"),
+}
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: torch.save reports a failed write as RuntimeError ('unexpected pos')
+    raised while handling the OSError of the file's write()."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _explain_write_error(exc: BaseException, root: Path, step: int, path: Path) -> CheckpointError:
+    """One message for every rank: what failed (errno name and the file), what is intact, the fix."""
+    kept = _good_steps(root)
     intact = f"the previous checkpoint (step {kept[0]}) is untouched" if kept else "no earlier checkpoint exists"
-    if exc.errno == errno.ENOSPC:
-        what = f"no space left on the device holding {root}"
-        fix = "free space there, lower keep=, or point the run directory at a larger disk"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        what = f"permission denied writing to {root}"
-        fix = "make the run directory writable by this user, or choose another one"
+    os_error = _os_error_in(exc)
+    if os_error is None:
+        what, fix = f"{type(exc).__name__}: {exc}", "check the state passed to save() and the run directory"
     else:
-        what = f"{exc.strerror or exc} while writing to {root}"
-        fix = "check the disk and the run directory"
+        code = os_error.errno or 0
+        what, fix = _WRITE_ERRORS.get(code, (f"{os_error.strerror or os_error} while writing to {{root}}",
+                                              "check the disk and the run directory"))
+        what = f"{what.format(root=root)} ({errno.errorcode.get(code, f'errno {code}')} writing " \
+               f"{os_error.filename or path})"
     return CheckpointError(f"could not save checkpoint step {step}: {what}; {intact}. Fix: {fix}.")
 
 
+def _good_steps(root: Path) -> list[int]:
+    """Steps of the directories that are whole checkpoints (manifest and files of the recorded sizes),
+    newest first; a stray step-N directory without them is neither kept, counted, nor removed."""
+    return [s for s in list_checkpoints(root) if verify(root / step_dir_name(s), hashes=False)[1] is None]
+
+
+def _refusal(root: Path, step: int, overwrite: bool) -> CheckpointError | None:
+    """Saving below the newest checkpoint is another run's directory: pruning would keep its newer steps
+    and resuming would load them. Refused unless the caller says the older run's steps may go."""
+    if overwrite:
+        return None
+    newer = next((s for s in list_checkpoints(root) if s > step and verify(root / step_dir_name(s), hashes=False)[1]
+                  is None), None)  # usually none is newer, so nothing is read
+    if newer is None:
+        return None
+    return CheckpointError(
+        f"refusing to save checkpoint step {step} in {root}: it already holds step {newer}, a newer one, so it "
+        "looks like another run's directory (resuming would load that run's step). Fix: give this run its own "
+        "directory, or pass overwrite=True to replace the newer checkpoints with this run's.")
+
+
 def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep: int = 3,
-         sharded: bool = False, async_save: bool = False) -> Path | SaveHandle | None:
+         sharded: bool = False, async_save: bool = False, overwrite: bool = False) -> Path | SaveHandle | None:
     """Write ``state`` as checkpoint ``step``; return its directory on the writing rank.
 
     Plain (DDP) state: rank 0 writes; the others wait for it (sync) or go on (async). ``sharded=True`` uses
     torch.distributed.checkpoint so every rank writes its shards (FSDP, tensor parallel). Either way
-    the new directory appears whole or not at all, and only then are checkpoints beyond ``keep`` removed.
+    the new directory appears whole or not at all, and only then are checkpoints beyond ``keep`` removed
+    (the one just written never is). A step lower than the newest checkpoint in ``directory`` is refused
+    (CheckpointError on every rank) unless ``overwrite=True``, which removes those newer checkpoints once
+    this one is published. A write failure raises the same CheckpointError on every rank and leaves the
+    directory as it was.
 
     ``async_save=True`` returns a SaveHandle once a host copy of ``state`` is taken; writing, fsync,
     checksums and manifest happen in the background. One write is in flight at a time (the next save
@@ -98,16 +156,19 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
     if async_save and not sharded:
         # Plain state has one writer, rank 0, so there is nothing to agree on: no collective here,
         # which would make every save wait for the slowest rank. Rank 0 raises its own failures.
+        if error is None and rank == 0:
+            error = _refusal(root, step, overwrite)
         if error is not None:
             raise error
-        handle = _save_async(state, root, tmp, final, step, keep, False, rank) if rank == 0 else SaveHandle(step)
+        handle = _save_async(state, root, tmp, final, step, keep, False, rank, overwrite) if rank == 0 \
+            else SaveHandle(step)
         writer().record(snapshot_s=time.perf_counter() - began)
         return handle
     if rank == 0 and error is None:
-        error = _prepare(root, tmp, step)
+        error = _refusal(root, step, overwrite) or _prepare(root, tmp, step)
     _raise_if_any(error)  # also orders rank 0's fresh tmp directory before any rank's shard writes
     if async_save:
-        handle = _save_async(state, root, tmp, final, step, keep, True, rank)
+        handle = _save_async(state, root, tmp, final, step, keep, True, rank, overwrite)
         writer().record(snapshot_s=time.perf_counter() - began)
         return handle
     try:
@@ -116,14 +177,13 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
 
             dcp.save(state, checkpoint_id=str(tmp))
         elif rank == 0:
-            with open(tmp / STATE_FILE, "wb") as f:
-                torch.save(state, f)
+            _write_state(state, tmp / STATE_FILE)
         if rank == 0:
             write_began = time.perf_counter()
-            nbytes = _publish(root, tmp, final, step, keep, "sharded" if sharded else "plain")
+            nbytes = _publish(root, tmp, final, step, keep, "sharded" if sharded else "plain", overwrite)
             writer().record(write_s=time.perf_counter() - write_began, nbytes=nbytes)
-    except OSError as exc:
-        error = _explain_write_error(exc, root, step)
+    except Exception as exc:  # any failure, not only OSError: every rank must reach the check below
+        error = _explain_write_error(exc, root, step, tmp if sharded else tmp / STATE_FILE)
         writer().record(failed=True)
     if rank == 0 and error is not None:
         shutil.rmtree(tmp, ignore_errors=True)  # leave the directory as it was before this save
@@ -132,28 +192,111 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
     return final if rank == 0 else None
 
 
+class _WriteSink:
+    """The file torch.save writes to, keeping the OSError of a failed write: torch turns it into a
+    RuntimeError whose text ('unexpected pos') has lost the errno."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _write_state(state: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        sink = _WriteSink(f)
+        try:
+            torch.save(state, sink)
+        except RuntimeError as exc:
+            if sink.error is not None:
+                raise sink.error from exc
+            raise
+
+
 def _prepare(root: Path, tmp: Path, step: int) -> CheckpointError | None:
     try:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a write that died earlier
+        _clear_leftovers(root)
         tmp.mkdir()
     except OSError as exc:
-        return _explain_write_error(exc, root, step)
+        return _explain_write_error(exc, root, step, tmp)
     return None
 
 
-def _publish(root: Path, tmp: Path, final: Path, step: int, keep: int, kind: str) -> int:
+def _clear_leftovers(root: Path) -> None:
+    """Remove what saves that died left behind; no write is in flight here (save() settled the last one,
+    and the run-dir lock keeps other jobs out). A step's old copy moved aside by a replace that died
+    before the new one took its place is put back."""
+    for entry in root.iterdir():
+        left = parse_leftover(entry.name)
+        if left is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        kind, step = left
+        final = root / step_dir_name(step)
+        if kind == "old" and not os.path.lexists(final):
+            os.rename(entry, final)
+        else:
+            _remove_tree(entry)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two existing names in one step (renameat2 RENAME_EXCHANGE, Linux >= 3.15, glibc >= 2.28).
+    OSError EINVAL/ENOSYS/EOPNOTSUPP where the kernel, libc or filesystem (NFS, for one) lacks it."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not in this C library")
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _replace(tmp: Path, final: Path, aside: Path) -> None:
+    """Put the new ``tmp`` at ``final``, where a complete copy of that step already is, never leaving
+    that step without one complete copy: exchanged in one rename where the filesystem can; else the old
+    copy is renamed aside first (a crash between the two renames leaves it there, and the next save
+    puts it back)."""
+    try:
+        _exchange(tmp, final)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+        os.rename(final, aside)
+        os.rename(tmp, final)
+        _remove_tree(aside)
+    else:
+        _remove_tree(tmp)  # now the old copy
+
+
+def _publish(root: Path, tmp: Path, final: Path, step: int, keep: int, kind: str, overwrite: bool) -> int:
     """Manifest, fsync, rename into place, prune; the checkpoint's bytes. Rank 0, after all files exist."""
     files = [p for p in tmp.rglob("*") if p.is_file()]
     manifest = build_manifest(step, files, tmp, kind, __version__)
     text = json.dumps(manifest, indent=1).encode()
     (tmp / MANIFEST).write_bytes(text)
     _fsync_tree(tmp)
-    if final.exists():  # the same step saved again (a resumed run): replace it whole
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    if os.path.lexists(final):  # the same step saved again (a resumed run)
+        _replace(tmp, final, root / aside_dir_name(step))
+    else:
+        os.rename(tmp, final)
     _fsync_dir(root)
-    _prune(root, keep)
+    _prune(root, keep, step, overwrite)
     return sum(m["bytes"] for m in manifest["files"].values()) + len(text)
 
 
@@ -162,7 +305,7 @@ TEST_DELAY_VAR = "NPUDIST_TEST_CHECKPOINT_DELAY_S"
 
 
 def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step: int, keep: int,
-                sharded: bool, rank: int) -> SaveHandle:
+                sharded: bool, rank: int, overwrite: bool) -> SaveHandle:
     """Take the host copy here; everything after it runs in the writer's background thread."""
     kind = "sharded" if sharded else "plain"
     group = None
@@ -170,7 +313,7 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
         import torch.distributed.checkpoint as dcp
 
         # DCP stages (copies to host) before returning; its upload runs on its own thread.
-        group = writer().side_group() if _distributed() else None
+        group = control.side_group() if _distributed() else None
         future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group)
 
         def write_files() -> None:
@@ -181,8 +324,7 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
         def write_files() -> None:
             if error := _prepare(root, tmp, step):
                 raise error
-            with open(tmp / STATE_FILE, "wb") as f:
-                torch.save(snapshot, f)
+            _write_state(snapshot, tmp / STATE_FILE)
 
     delay = float(os.environ.get(TEST_DELAY_VAR) or 0)
 
@@ -192,14 +334,13 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
             write_files()
             if rank == 0:
                 time.sleep(delay)
-                published = final, _publish(root, tmp, final, step, keep, kind)
+                published = final, _publish(root, tmp, final, step, keep, kind, overwrite)
         finally:
-            if group is not None:  # every rank's wait() returns once rank 0 published (or failed)
-                flag = torch.tensor([int(published is not None)])
-                dist.broadcast(flag, src=0, group=group)
-                if rank != 0 and not flag.item():
-                    raise CheckpointError(f"checkpoint step {step} was not published: rank 0 failed "
-                                          "(its log says why)")
+            # every rank's wait() returns once rank 0 published (or failed)
+            ok = group is None or control.from_rank(published is not None, src=0, group=group)
+            if not ok and rank != 0:
+                raise CheckpointError(f"checkpoint step {step} was not published: rank 0 failed "
+                                      "(its log says why)")
         return published or (None, 0)
 
     def on_error(exc: Exception) -> CheckpointError:
@@ -207,27 +348,35 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, CheckpointError):
             return exc
-        if isinstance(exc, OSError):
-            return _explain_write_error(exc, root, step)
-        return CheckpointError(f"could not save checkpoint step {step}: {type(exc).__name__}: {exc}")
+        return _explain_write_error(exc, root, step, tmp if sharded else tmp / STATE_FILE)
 
     return writer().start(step, work, on_error=on_error)
 
 
 def _raise_if_any(error: CheckpointError | None) -> None:
-    """Every rank raises if any rank failed, so no rank trains on believing a checkpoint exists."""
-    if _distributed():
-        flag = torch.tensor([1 if error else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and error is None:
-            raise CheckpointError("checkpoint save failed on another rank (rank 0 logged the reason)")
+    """Every rank raises the first failed rank's error, so no rank trains on believing a checkpoint
+    exists, and all of them make the same collectives whether it failed or not."""
+    src = control.first_rank(error is not None)
+    if src is not None:  # the failure path only: one more control message carries the reason
+        message = control.broadcast_object(str(error) if error is not None else None, src=src)
+        if error is None:
+            error = CheckpointError(message)
     if error is not None:
         raise error
 
 
-def _prune(root: Path, keep: int) -> None:
-    for step in list_checkpoints(root)[keep:]:
-        shutil.rmtree(root / step_dir_name(step), ignore_errors=True)
+def _prune(root: Path, keep: int, written: int, overwrite: bool) -> None:
+    """Keep ``written`` and the newest ``keep - 1`` other checkpoints. Only whole checkpoints count or
+    go; those newer than ``written`` are another run's and go only with overwrite=True."""
+    kept = 1
+    for step in _good_steps(root):
+        if step > written and overwrite:
+            _remove_tree(root / step_dir_name(step))
+        elif step < written:
+            if kept < keep:
+                kept += 1
+            else:
+                _remove_tree(root / step_dir_name(step))
 
 
 def load_latest(directory: str | os.PathLike, *, template: dict[str, Any] | None = None,

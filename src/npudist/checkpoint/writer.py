@@ -5,9 +5,9 @@ write (file, fsync, checksum, manifest, rename) to a thread started here. At mos
 exists: the next save first waits for it, so host copies never pile up. A write that fails is logged
 at once and kept until the next save or ``shutdown()`` raises it, on every rank.
 
-One ``CheckpointWriter`` holds all of that (thread, staging buffers, the side process group of sharded
-writes, counters); it is a part of the process's Runtime (``writer()``), whose close (``shutdown()``, or
-the exit hook of a run that skips it) waits for the last write first.
+One ``CheckpointWriter`` holds all of that (thread, staging buffers, counters; the side process group
+of sharded writes is npudist.comm.control's); it is a part of the process's Runtime (``writer()``),
+whose close (``shutdown()``, or the exit hook of a run that skips it) waits for the last write first.
 """
 
 from __future__ import annotations
@@ -113,7 +113,6 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._job: SaveHandle | None = None
         self._stager: Any = None
-        self._group: Any = None
         self._snapshot, self._write = _Hist(), _Hist()
         self._bytes = self._waits = self._failures = 0
         self._thread: threading.Thread | None = None
@@ -207,18 +206,8 @@ class CheckpointWriter:
                 use_non_blocking_copy=torch.accelerator.is_available()))
         return self._stager.stage(state)
 
-    def side_group(self) -> Any:
-        """A gloo group for DCP's background collectives, so they never interleave with the training
-        loop's collectives on the default group (torchtitan does the same). Collective: every rank
-        calls it at its first sharded asynchronous save."""
-        if self._group is None:
-            import torch.distributed as dist
-
-            self._group = dist.new_group(backend="gloo")
-        return self._group
-
     def close(self) -> CheckpointError | None:
-        """Wait for the last write; stop the thread; drop the stager and the side group; return an
+        """Wait for the last write; stop the thread; drop the stager; return an
         unraised error."""
         error = self.settle(count_wait=False)
         if self._thread is not None:
@@ -227,7 +216,7 @@ class CheckpointWriter:
             self._thread = None
         if self._stager is not None:
             self._stager.close()
-        self._stager = self._group = None
+        self._stager = None
         return error
 
 

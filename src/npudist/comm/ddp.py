@@ -150,9 +150,12 @@ def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
     static_graph, bucket_cap_mb, ...); ``device_ids`` defaults to this rank's device (none on CPU).
     Options that cannot work through a comm hook raise ValueError naming them.
     """
-    from npudist.runtime import context as dist_context
+    import torch.distributed as dist
 
-    ctx = dist_context()
+    from npudist.runtime.state import peek
+
+    rt = peek()
+    ctx = rt.context if rt is not None and dist.is_initialized() else None
     if ctx is None:
         raise RuntimeError("npudist.ddp needs a process group: call npudist.init() first "
                            "(start the job with `npudist launch` or torchrun)")

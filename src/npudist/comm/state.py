@@ -9,7 +9,7 @@ shutdown starts from nothing cached. The public functions below change or read t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 from npudist.comm import constraints as _constraints
 from npudist.comm.buffers import BufferPool, LayoutCache
@@ -19,15 +19,13 @@ from npudist.comm.watchdog import Watchdog
 from npudist.runtime.settings import Settings
 from npudist.runtime.state import Runtime, current
 
-if TYPE_CHECKING:
-    from npudist.comm.context import GroupContext
-
 
 class CommState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.groups: dict[object, GroupContext] = {}
-        """Process group (None: not initialised) -> its cached facts."""
+        self.groups: dict[object, Any] = {}
+        """Process group (None: not initialised) -> its cached facts (context.GroupContext, which reads
+        this state, so it is not named here)."""
         self.debug: bool | None = None
         """set_debug(): overrides Settings.comm_debug while not None."""
         self.profile: str | None = None
@@ -36,10 +34,13 @@ class CommState:
         self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog)
         self.pool = BufferPool()
         self.layouts = LayoutCache()
+        self.side_group: object | None = None
+        """control.side_group(): the gloo group of background (DCP) collectives, once asked for."""
 
     def close(self) -> None:
         """Join the watchdog's publisher and drop every cached group and buffer."""
         self.watchdog.close()
+        self.side_group = None
         self.groups.clear()
         self.pool.clear()
         self.layouts.clear()

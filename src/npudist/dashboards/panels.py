@@ -72,6 +72,82 @@ def _dev(metric: str) -> str:
 
 _DEVICE_LEGEND = "{{node}} {{vendor}} {{device}}/{{chip}}"
 
+# Reliability rows (issue 25): ECC, retired pages and chip alarms on Devices; link, RoCE, PFC and optics on
+# Communication health. Link families come from the node exporter (its own job), so the Communication panels
+# select them by node only; `npudist:device_rank:info` names the rank on each chip.
+_NIC_LEGEND = "{{node}} NIC {{nic}} (device {{device}}/{{chip}})"
+_NODE = 'node=~"$node"'
+_WITH_RANK = " * on (node, device, chip) group_left (rank) npudist:device_rank:info"
+
+DEVICE_RELIABILITY_PANELS: tuple[Panel, ...] = (
+    Panel("ECC errors, uncorrectable (new in window)", "short", (
+        _q(f"increase(npudist_device_ecc_uncorrected_errors_total{{{SEL}}}[{RATE}])", "{{memory}} " + _DEVICE_LEGEND),),
+          description="Double-bit ECC errors the device could not correct, per memory (HBM, DDR; NVIDIA: device), "
+                      "added in the panel's rate window. Any growth fires NpudistEccUncorrectable."),
+    Panel("ECC errors, corrected (per second)", "ops", (
+        _q(f"rate(npudist_device_ecc_corrected_errors_total{{{SEL}}}[{RATE}])", "{{memory}} " + _DEVICE_LEGEND),),
+          description="Single-bit errors ECC corrected. A steady rise on one card predicts page isolation or "
+                      "retirement."),
+    Panel("Retired / isolated memory pages", "short", (
+        _q(_dev("npudist_device_memory_retired_pages"), "{{cause}} " + _DEVICE_LEGEND),
+        _q(_dev("npudist_device_memory_pending_retirement_pages"), "pending {{cause}} " + _DEVICE_LEGEND)),
+          description="Pages the driver took out of service (Ascend isolated pages, NVIDIA retired pages) by "
+                      "cause; pending ones go at the next reset."),
+    Panel("Chip alarm level", "short", (_q(_dev("npudist_device_alarm_level"), _DEVICE_LEGEND),),
+          description="From `npu-smi info -t health` per chip: 0 OK, 1 Warning, 2 Alarm (major), 3 Critical. "
+                      "The Health column above is the card controller's and can say OK while a chip alarms."),
+    Panel("Chip error codes", "none", (
+        _q(f"max by (node, device, chip, code) (npudist_device_error_code_info{{{SEL}}}) "
+           f"or on (node, device, chip) max by (node, device, chip) (npudist_device_error_codes{{{SEL}}})", ""),),
+          type="table",
+          description="Error codes each chip reports now (hexadecimal, as npu-smi prints them); chips without a "
+                      "code show their count, 0."),
+    Panel("AI vector / CPU / control CPU utilization", "percentunit", (
+        _q(_dev("npudist_device_aivector_utilization_ratio"), "vector " + _DEVICE_LEGEND),
+        _q(_dev("npudist_device_aicpu_utilization_ratio"), "AI CPU " + _DEVICE_LEGEND),
+        _q(_dev("npudist_device_ctrlcpu_utilization_ratio"), "ctrl CPU " + _DEVICE_LEGEND)),
+          description="The `npu-smi info -t usages` split beside AI-core utilization (top panel); cube and "
+                      "whole-NPU utilization where the driver prints them."),
+)
+
+COMMUNICATION_RELIABILITY_PANELS: tuple[Panel, ...] = (
+    Panel("Device links up", "short", (_q(f"npudist_link_up{{{_NODE}}}", _NIC_LEGEND),),
+          description="hccn_tool `-link -g` per NPU NIC: 1 up, 0 down (NpudistLinkDown names the rank on it)."),
+    Panel("Link flaps (link-ups in window)", "short", (
+        _q(f"increase(npudist_link_up_events_total{{{_NODE}}}[{RATE}])", _NIC_LEGEND),),
+          description="Link-up transitions from `-link_stat -g`; NpudistLinkFlapping fires at 3 in 15 minutes."),
+    Panel("RoCE errors and retransmissions/s", "ops", (
+        _q(f"sum without (direction) (rate(npudist_link_roce_error_packets_total{{{_NODE}}}[{RATE}]))",
+           "errors " + _NIC_LEGEND),
+        _q(f"rate(npudist_link_roce_retransmits_total{{{_NODE}}}[{RATE}]) or "
+           f"rate(npudist_link_roce_qp_status_errors_total{{{_NODE}}}[{RATE}])", "retransmits " + _NIC_LEGEND)),
+          description="Bad RoCE packets and retransmissions (roce_new_pkt_rty_num: packet loss on the path); "
+                      "drivers that print no retransmit counter show queue-pair status errors instead."),
+    Panel("PFC / pause frames/s", "ops", (
+        _q(f"sum by (node, nic, device, chip, direction) "
+           f"(rate(npudist_link_pfc_frames_total{{{_NODE}}}[{RATE}]))", "PFC {{direction}} " + _NIC_LEGEND),
+        _q(f"sum by (node, nic, device, chip, direction) "
+           f"(rate(npudist_link_pause_frames_total{{{_NODE}}}[{RATE}]))", "pause {{direction}} " + _NIC_LEGEND)),
+          description="Priority flow control and MAC pause frames; NpudistPfcStorm fires above 1000/s for 5 "
+                      "minutes. Next to the backlog: a paused link makes collectives pile up."),
+    Panel("NIC throughput", "Bps", (
+        _q(f"sum by (node, nic, device, chip, direction) (rate(npudist_link_nic_bytes_total{{{_NODE}}}[{RATE}]))",
+           "{{direction}} " + _NIC_LEGEND),),
+          description="Bytes per second through each NPU NIC (hccn_tool `-stat`), against the link speed."),
+    Panel("Optical receive power vs the module's low limit", "watt", (
+        _q(f"npudist_link_optical_rx_power_watts{{{_NODE}}}", "lane {{lane}} " + _NIC_LEGEND),
+        _q(f'npudist_link_optical_rx_power_limit_watts{{{_NODE}, limit="low"}}', "low limit " + _NIC_LEGEND)),
+          description="Per-lane receive power in watts (the tool prints mW) and the limit the module reports; "
+                      "NpudistOpticalPowerOutOfRange fires outside the module's limits."),
+    Panel("Network health and the rank on each NIC", "none", (
+        _q(f"max by (node, nic, device, chip, status) (npudist_link_net_health_info{{{_NODE}}})"
+           f"{_WITH_RANK} or on (node, device, chip) "
+           f"max by (node, nic, device, chip, status) (npudist_link_net_health_info{{{_NODE}}})", ""),),
+          type="table",
+          description="hccn_tool `-net_health -g` (success, socket_fail, init, fault, ...) per NIC, with the "
+                      "rank computing on its chip where a rank is located there."),
+)
+
 DEVICES = Dashboard(
     "npudist-devices", "npudist / Devices",
     "Per-device readings from `npudist exporter` for every vendor (npu-smi, rknpu, NVML, cpu).",
@@ -103,6 +179,7 @@ DEVICES = Dashboard(
             _q(f"sum by (job, instance, collector, reason) (rate(npudist_collector_errors_total{{job=~\"$job\"}}"
                f"[{RATE}]))", "{{instance}} {{collector}} {{reason}}"),),
               description="Failed device reads by reason (timeout, exit_code, parse, missing, error)."),
+        *DEVICE_RELIABILITY_PANELS,
     ),
     (Variable("job", "npudist_device_up", "job"), Variable("node", "npudist_device_up", "node")),
 )
@@ -137,6 +214,7 @@ COMMUNICATION = Dashboard(
             _q(f"sum by (kind, op) (rate(npudist_collective_adaptations_total{{{SEL}}}[{RATE}]))",
                "{{kind}} {{op}}"),),
               description="Copies made so a backend accepts the tensor (cast, contiguous, pad, align, stage)."),
+        *COMMUNICATION_RELIABILITY_PANELS,
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
 )

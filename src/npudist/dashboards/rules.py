@@ -103,6 +103,12 @@ RECORDINGS: tuple[Recording, ...] = (
     # Device exporters run under another job than the ranks: join them on node only.
     Recording("npudist:node_device_temperature_celsius:max", "max by (node) (npudist_device_temperature_celsius)"),
     Recording("npudist:node_device_frequency_hertz:min", "min by (node) (npudist_device_frequency_hertz)"),
+    # Which rank computes on each chip: rank metrics carry the device/chip they run on
+    # (telemetry/exposition/rank_exporter.py). One series per chip (topk), value 1, so a reliability alert
+    # multiplied by it keeps its value and gains the `rank` label.
+    Recording("npudist:device_rank:info",
+              'topk by (node, device, chip) (1,\n  max by (node, device, chip, rank) '
+              '(npudist_steps_total{device!=""}) * 0 + 1\n)'),
 )
 
 _WHERE = "rank {{ $labels.rank }} on {{ $labels.node }} (job {{ $labels.job }})"
@@ -111,6 +117,75 @@ _DEVICE = "device {{ $labels.device }} chip {{ $labels.chip }} ({{ $labels.model
 _T = THRESHOLDS
 _BACKLOG_P1, _BACKLOG, _SKEW, _FRAG, _MATMUL = (
     _T["backlog_critical"], _T["backlog"], _T["skew"], _T["fragmentation"], _T["matmul_seconds"])
+
+# Reliability and network alerts. Limits: a link that went up 3 times in 15 minutes flaps; a PFC storm is
+# more than 1000 PFC frames/s for 5 minutes (a pause storm stalls the whole lossless class; MindCluster's
+# fault guide and switch vendors treat a sustained pause flood as a fault); RoCE: more than 1 bad packet/s or
+# 10 retransmits/s (roce_new_pkt_rty_num rising means packet loss: HCCL troubleshooting guide, "Switch
+# Traffic Congestion, Backpressure, or Packet Loss and Retransmission"). Optical power is judged against
+# the module's own alarm limits, which it reports.
+FLAP_UPS, FLAP_WINDOW = 3, "15m"
+PFC_STORM_FRAMES_PER_SECOND = 1000
+ROCE_ERRORS_PER_SECOND, ROCE_RETRANSMITS_PER_SECOND = 1, 10
+_CHIP = "node, device, chip"
+_RANK_NAME = ("{{ if $labels.rank }}rank {{ $labels.rank }}{{ else }}no npudist rank (none located on this "
+              "chip){{ end }}")
+_CHIP_AT = "device {{ $labels.device }} chip {{ $labels.chip }} on {{ $labels.node }}"
+_NIC = "NIC {{ $labels.nic }} of device {{ $labels.device }} chip {{ $labels.chip }} on {{ $labels.node }}"
+_OPTICAL_LIMIT = "npudist_link_optical_{d}_power_watts {op} on (node, device, chip, nic, port) group_left ()\n" \
+                 '  npudist_link_optical_{d}_power_limit_watts{{limit="{limit}"}}'
+
+
+def with_rank(expr: str) -> str:
+    """``expr`` with the ``rank`` label of the rank that computes on its chip (npudist:device_rank:info);
+    series of chips no rank uses pass unchanged."""
+    return (f"(\n  ({expr})\n  * on ({_CHIP}) group_left (rank) npudist:device_rank:info\n)\n"
+            f"or on ({_CHIP})\n({expr})")
+
+
+# label_replace adds `direction`: rx and tx lanes would otherwise collide once `*` drops the metric name.
+_OPTICAL_OUT = "\nor ".join(
+    f'label_replace(\n  ({_OPTICAL_LIMIT.format(d=d, op="<", limit="low")})\n  or '
+    f'({_OPTICAL_LIMIT.format(d=d, op=">", limit="high")}),\n  "direction", "{d}", "", "")' for d in ("rx", "tx"))
+
+RELIABILITY_ALERTS: tuple[Alert, ...] = (
+    Alert("NpudistEccUncorrectable",
+          with_rank("increase(npudist_device_ecc_uncorrected_errors_total[10m]) > 0"), "0m", "P1",
+          "Uncorrectable (double-bit) ECC errors on a device in use",
+          f"{_RANK_NAME} computes on {_CHIP_AT}, whose {{{{ $labels.memory }}}} memory had "
+          "{{ $value | humanize }} new uncorrectable ECC errors in 10 minutes: results may be corrupt."),
+    Alert("NpudistChipAlarm", with_rank("npudist_device_alarm_level >= 2"), "1m", "P1",
+          "Chip alarm: major (Alarm) or critical",
+          f"{_RANK_NAME} computes on {_CHIP_AT}, which reports alarm level {{{{ $value }}}} (2 major, 3 critical) "
+          "in `npu-smi info -t health`; see its npudist_device_error_code_info codes."),
+    Alert("NpudistLinkDown", with_rank("npudist_link_up == 0"), "1m", "P1", "Device network link down",
+          f"{_RANK_NAME} uses {_NIC}, whose link is down: its collectives cannot reach peers."),
+    Alert("NpudistLinkFlapping",
+          # A difference, not increase(): increase() extrapolates, and a link-up count is small and exact.
+          with_rank(f"npudist_link_up_events_total - npudist_link_up_events_total offset {FLAP_WINDOW} >= "
+                    f"{FLAP_UPS}"), "0m", "P2",
+          f"Device network link flapping ({FLAP_UPS}+ link-ups in {FLAP_WINDOW})",
+          f"{_RANK_NAME} uses {_NIC}, which came up {{{{ $value | humanize }}}} times in {FLAP_WINDOW}: "
+          "a loose cable, a failing optic or a switch port resetting."),
+    Alert("NpudistPfcStorm",
+          with_rank(f"sum without (direction) (rate(npudist_link_pfc_frames_total[5m])) > "
+                    f"{PFC_STORM_FRAMES_PER_SECOND}"), "5m", "P2",
+          f"PFC storm: more than {PFC_STORM_FRAMES_PER_SECOND} PFC frames/s for 5 minutes",
+          f"{_RANK_NAME} uses {_NIC}, which sends and receives {{{{ $value | humanize }}}} PFC frames/s: "
+          "the lossless class is paused, collectives crawl."),
+    Alert("NpudistRoceErrors",
+          with_rank(f"(sum without (direction) (rate(npudist_link_roce_error_packets_total[5m])) > "
+                    f"{ROCE_ERRORS_PER_SECOND})\n  or (rate(npudist_link_roce_retransmits_total[5m]) > "
+                    f"{ROCE_RETRANSMITS_PER_SECOND})"), "5m", "P2",
+          "RoCE errors or retransmissions",
+          f"{_RANK_NAME} uses {_NIC}: {{{{ $value | humanize }}}} bad or retransmitted RoCE packets/s "
+          "(packet loss on the path)."),
+    Alert("NpudistOpticalPowerOutOfRange", with_rank(_OPTICAL_OUT), "5m", "P2",
+          "Optical power outside the module's own limits",
+          f"{_RANK_NAME} uses {_NIC}: lane {{{{ $labels.lane }}}} is at {{{{ $value | humanize }}}}W, outside "
+          "the limits its optical module reports (dirty or failing optic, bad fibre)."),
+)
+
 
 ALERTS: tuple[Alert, ...] = (
     Alert(_BACKLOG_P1.alert,
@@ -177,6 +252,7 @@ ALERTS: tuple[Alert, ...] = (
           "Training stalled: no step for 5 minutes while the job is up",
           f"{_WHERE} finished no step in 5 minutes but its exporter answers: a hang (collective, data "
           "loader, I/O)."),
+    *RELIABILITY_ALERTS,
 )
 
 

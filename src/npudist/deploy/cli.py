@@ -73,6 +73,11 @@ def k8s_cmd(
     metrics_port: MetricsPort = 9500,
     exporter_port: ExporterPort = 9400,
     rdzv_port: int = typer.Option(29400, help="c10d rendezvous port on the master pod."),
+    service_account_token: bool = typer.Option(False, help="Mount the service-account token into the training "
+                                               "pods (only for scripts that call the Kubernetes API)."),
+    add_capability: Annotated[list[str] | None, typer.Option(
+        help="Linux capability the training container keeps after dropping all, e.g. IPC_LOCK for RDMA "
+             "(repeatable).")] = None,
 ) -> None:
     def build():
         from npudist.deploy import K8sOptions
@@ -81,7 +86,9 @@ def k8s_cmd(
         opts = K8sOptions(namespace=namespace, accelerator=accelerator, image=image, nodes=nodes,
                           nproc_per_node=nproc_per_node, scheduler=scheduler, script=_script(script), name=name,
                           shm_size=shm_size, monitor_labels=tuple(monitor_label or ()), metrics_port=metrics_port,
-                          exporter_port=exporter_port, rdzv_port=rdzv_port)
+                          exporter_port=exporter_port, rdzv_port=rdzv_port,
+                          service_account_token=service_account_token,
+                          add_capabilities=tuple(add_capability or ()))
         notes = []
         if image == DEFAULT_IMAGE:
             notes.append(f"--image {DEFAULT_IMAGE} is a placeholder no registry has: the pods will not start "

@@ -48,6 +48,16 @@ def launch_args(opts: K8sOptions, rdzv_host: str, is_host: bool) -> list[str]:
             "--metrics-port", str(opts.metrics_port), *opts.script]
 
 
+def _container_security(opts: K8sOptions) -> dict[str, Any]:
+    """Kubernetes' "restricted" Pod Security Standard for what training needs none of: no privilege
+    escalation, no capabilities (unless asked back), the runtime's seccomp profile (set on the pod).
+    Devices come from the device plugin's allocation, which needs no privilege in the container."""
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if opts.add_capabilities:
+        caps["add"] = list(opts.add_capabilities)
+    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+
+
 def pod_template(opts: K8sOptions, sched: Scheduler, is_host: bool) -> dict[str, Any]:
     row = opts.placement
     volumes, mounts = host_volumes(row.job_mounts)
@@ -64,12 +74,14 @@ def pod_template(opts: K8sOptions, sched: Scheduler, is_host: bool) -> dict[str,
                   *_metrics_ports(opts)],
         "resources": {"requests": dict(devices), "limits": dict(devices)},
         "volumeMounts": mounts,
+        "securityContext": _container_security(opts),
     }
     labels = {**job_labels(opts), SCRAPE_JOB_LABEL: opts.scrape_job}
     return {"metadata": {"labels": labels},
             "spec": {"restartPolicy": sched.restart_policy, "nodeSelector": dict(row.node_selector),
                      "tolerations": [dict(t) for t in row.tolerations], "containers": [container],
-                     "volumes": volumes}}
+                     "volumes": volumes, "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                     "automountServiceAccountToken": opts.service_account_token}}
 
 
 def _roles(opts: K8sOptions) -> dict[str, int]:

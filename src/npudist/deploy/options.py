@@ -16,6 +16,11 @@ _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
+# Paths written into the sbatch script (inside double quotes, where $(...) and backticks run) and the
+# systemd unit: only characters no shell or unit-file parser treats specially.
+_PATH_PUNCTUATION = "/ . _ - + , = @ %"
+_SCRIPT_PATH = re.compile(r"/[A-Za-z0-9/._+,=@%-]*")
+_CAPABILITY = re.compile(r"(?!CAP_)[A-Z][A-Z0-9_]{1,30}")
 _HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
 NAME_MAX = 40
 """Pod names are NAME-worker-INDEX and must stay within 63 characters."""
@@ -122,6 +127,10 @@ class K8sOptions(JobOptions):
     monitor_labels: tuple[str, ...] = ()
     """KEY=VALUE labels for the ServiceMonitor, PodMonitor and PrometheusRule (the Prometheus's selectors)."""
     scrape_interval: str = "15s"
+    service_account_token: bool = False
+    """Mount the service-account token into the training pods (only for scripts that call the API server)."""
+    add_capabilities: tuple[str, ...] = ()
+    """Linux capabilities the training container gets back after dropping all (e.g. IPC_LOCK for RDMA)."""
 
     @property
     def shm(self) -> str:
@@ -142,6 +151,8 @@ class K8sOptions(JobOptions):
             out.append(f"--scheduler {self.scheduler!r} is unknown: choose one of {', '.join(SCHEDULERS)}")
         if not _DURATION.fullmatch(self.scrape_interval):
             out.append(f"--scrape-interval {self.scrape_interval!r}: give a Prometheus duration such as 15s or 1m")
+        out += [f"--add-capability {c!r}: give a capability name such as IPC_LOCK (no CAP_ prefix)"
+                for c in self.add_capabilities if not _CAPABILITY.fullmatch(c)]
         if self.shm_size is not None and not _QUANTITY.fullmatch(self.shm_size):
             out.append(f"--shm-size {self.shm_size!r}: give a Kubernetes quantity such as 16Gi")
         return out + _labels(self.monitor_labels)
@@ -162,8 +173,10 @@ class SlurmOptions(JobOptions):
     def problems(self) -> list[str]:
         out = super().problems()
         for flag, path in (("--sd-dir", self.sd_dir), ("--exporter-bin", self.exporter_bin)):
-            if not path.startswith("/") or any(c.isspace() for c in path):
-                out.append(f"{flag} {path!r}: give an absolute path without spaces")
+            if not _SCRIPT_PATH.fullmatch(path):
+                out.append(f"{flag} {path!r}: give an absolute path of letters, digits and {_PATH_PUNCTUATION} "
+                           "(it is written into a shell script and a systemd unit, where $, quotes, backticks "
+                           "and spaces would be expanded or split)")
         out += [f"--hosts: {h!r} is not a host name" for h in self.hosts if not _HOST.fullmatch(h)]
         if self.time_limit is not None and not re.fullmatch(r"[0-9:-]+", self.time_limit):
             out.append(f"--time {self.time_limit!r}: use Slurm's forms, e.g. 90, 4:00:00 or 2-00:00:00")

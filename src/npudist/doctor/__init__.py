@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from npudist.doctor import ascend_network  # noqa: F401  (registers the Ascend NIC checks)
 from npudist.doctor.checks import CHECKS
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, STATUSES, WARN, CheckResult

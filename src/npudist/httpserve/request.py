@@ -10,6 +10,12 @@ from email.message import Message
 from urllib.parse import urlsplit
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+_HEAD_END_MAX = 4
+"""Bytes of the longest end of head (CRLF CRLF): a search resumes that far before the new bytes."""
+# field-line = field-name ":" OWS field-value OWS; field-name is a token (RFC 9110 5.1, 5.6.2). No space
+# before the colon: a server MUST reject that with 400 (RFC 9112 5.1), as it MUST an obs-fold line
+# (leading whitespace) unless it unfolds it (RFC 9112 5.2).
+_FIELD_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*")
 _REQUEST_LINE = re.compile(r"([A-Z]{1,20}) (\S{1,8000}) HTTP/(1\.[01])")
 # ASCII digits only: int() also reads "²" or Arabic-Indic digits, which no client sends (RFC 9110 8.6).
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
@@ -35,6 +41,12 @@ class Head:
     """None when the request sent no Content-Length (then it has no body)."""
 
     @property
+    def expects_continue(self) -> bool:
+        """The client waits for '100 Continue' before sending its body (RFC 9110 10.1.1; ignored in
+        HTTP/1.0 requests, as that section requires)."""
+        return self.version == "1.1" and (self.headers.get("Expect") or "").strip().lower() == "100-continue"
+
+    @property
     def path(self) -> str:
         return urlsplit(self.target).path
 
@@ -43,9 +55,13 @@ class Head:
         return urlsplit(self.target).query
 
 
-def head_end(buf: bytes | bytearray, max_head: int) -> int | None:
-    """Where the head ends (after its blank line), None while incomplete; 431 once it outgrows max_head."""
-    found = _HEAD_END.search(buf, 0, max_head + 4)
+def head_end(buf: bytes | bytearray, max_head: int, scanned: int = 0) -> int | None:
+    """Where the head ends (after its blank line), None while incomplete; 431 once it outgrows max_head.
+
+    ``scanned``: how many bytes of ``buf`` an earlier call already searched, so a head arriving a byte
+    at a time costs linear, not quadratic, time.
+    """
+    found = _HEAD_END.search(buf, max(0, scanned - _HEAD_END_MAX + 1), max_head + 4)
     if found is not None:
         return found.end()
     if len(buf) > max_head:
@@ -60,6 +76,13 @@ def parse_head(data: bytes, max_body: int) -> Head:
     m = _REQUEST_LINE.fullmatch(request_line)
     if m is None:
         raise HttpError(400, f"malformed request line {request_line[:80]!r}; expected e.g. 'GET /metrics HTTP/1.1'")
+    for field_line in rest.split(b"\n"):
+        field_line = field_line.rstrip(b"\r")
+        if not field_line:
+            break
+        if not _FIELD_LINE.fullmatch(field_line):
+            raise HttpError(400, f"malformed header line {field_line[:80].decode('latin-1')!r}: a field name, "
+                                 "then ':' with no space before it (RFC 9112 5.1), and no folded lines")
     try:
         headers = http.client.parse_headers(io.BytesIO(rest))
     except http.client.HTTPException as exc:

@@ -9,7 +9,14 @@ from npudist.infer.ensemble import (
     ensemble_predict,
     gather_floats,
 )
-from npudist.infer.runners import RKNNLiteRunner, RunnerError, TorchRunner, select_runner
+from npudist.infer.runners import (
+    RKNNLiteRunner,
+    RKNNSimulatorRunner,
+    Runner,
+    RunnerError,
+    TorchRunner,
+    select_runner,
+)
 
 __all__ = [
     "COMBINES",
@@ -18,6 +25,8 @@ __all__ = [
     "EnsembleServer",
     "EnsembleStats",
     "RKNNLiteRunner",
+    "RKNNSimulatorRunner",
+    "Runner",
     "RunnerError",
     "TorchRunner",
     "contribution",

@@ -1,5 +1,7 @@
 """The one place npudist.infer talks to other ranks: npudist.comm.all_reduce, which stages through
-host memory where the device requires it (RK3588) and adapts to the backend's constraints."""
+host memory where the device requires it (RK3588) and adapts to the backend's constraints, on the
+device the group's backend takes (npudist.comm.control.device): members answer and headers start on
+the host, and HCCL or NCCL groups refuse host tensors."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def _all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         raise ValueError(f"all_reduce op {op!r}: choose one of {', '.join(_OPS)}")
     if world()[1] == 1:
         return tensor
-    from npudist.comm import all_reduce
+    from npudist.comm import all_reduce, control
 
-    all_reduce(tensor, op=op)
-    return tensor
+    on_group = tensor.to(control.device())  # the same tensor, no copy, where the group serves the host
+    all_reduce(on_group, op=op)
+    return on_group if on_group is tensor else on_group.to(tensor.device)

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from npudist.infer.collective import _all_reduce, world
 from npudist.infer.combine import check_combine, contribution, finish
-from npudist.infer.runners import RKNNLiteRunner, TorchRunner, select_runner
+from npudist.infer.runners import Runner, select_runner
+from npudist.telemetry.job.histogram import STEP_BUCKETS, Histogram
 
 # Commands rank 0 sends to followers in the request header [command, batch, features].
 _STOP, _PREDICT, _IDLE = 0, 1, 2
@@ -54,17 +55,26 @@ class EnsembleResult:
 
 @dataclass
 class EnsembleStats:
+    """This rank's figures; npudist.telemetry.job.edge_metrics.EdgeCollector exports them."""
+
     requests: int = 0
     errors: int = 0
+    """Requests where any member failed (every rank counts them)."""
     compute_seconds: float = 0.0
     aggregate_seconds: float = 0.0
+    member_failures: int = 0
+    """Requests where this rank's own member failed."""
+    inference: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
+    """This rank's member, input to logits, per request (failed ones too: a timeout is a latency)."""
+    runtime: str = ""
+    core_mask: str = ""
 
 
 @dataclass
 class EnsembleServer:
     """This rank's member plus the rules to combine it with the others'."""
 
-    runner: TorchRunner | RKNNLiteRunner
+    runner: Runner
     num_classes: int
     input_features: int | None = None
     """Service mode: the feature count every request must have; None for any 2-D batch."""
@@ -73,6 +83,7 @@ class EnsembleServer:
     stats: EnsembleStats = field(default_factory=EnsembleStats)
 
     def __post_init__(self) -> None:
+        self.stats.runtime, self.stats.core_mask = self.runner.kind, self.runner.core_mask
         check_combine(self.combine)
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be at least 1, got {self.num_classes}")
@@ -99,6 +110,8 @@ class EnsembleServer:
             failure = f"{type(exc).__name__}: {exc}"
             part = torch.zeros(n, self.num_classes)
         compute = time.perf_counter() - start
+        self.stats.inference.observe(compute)
+        self.stats.member_failures += bool(failure)
         tail = torch.tensor([1.0 if failure else 0.0, compute])
         payload = torch.cat([part.reshape(-1), tail])
         start = time.perf_counter()
@@ -158,14 +171,14 @@ class EnsembleServer:
             served += 1
 
 
-def ensemble_predict(model: nn.Module | TorchRunner | RKNNLiteRunner, batch: Tensor, *,
+def ensemble_predict(model: nn.Module | Runner, batch: Tensor, *,
                      combine: str = "mean_probs", num_classes: int | None = None) -> EnsembleResult:
     """Every rank calls this with its own member and the same batch; all get the combined prediction.
 
     With ``num_classes`` given, a member failure raises EnsembleError on every rank; without it the
     class count comes from this rank's output, so a failure there is raised on this rank only.
     """
-    runner = model if isinstance(model, TorchRunner | RKNNLiteRunner) else select_runner(model)
+    runner = select_runner(model) if isinstance(model, nn.Module) else model
     if num_classes is None:
         num_classes = int(runner(batch[:1]).shape[-1])
     return EnsembleServer(runner, num_classes, combine=combine).predict(batch)

@@ -1,8 +1,9 @@
-"""This process's npudist runtime: settings, rank layout from any launcher, init()/shutdown().
+"""This process's npudist runtime: settings, rank layout from any launcher, the Runtime that owns its state.
 
-Names load on first use (as in ``npudist``), so ``npudist.runtime.settings`` and ``.env`` are readable
-without torch, and the lower layers (accelerators, comm) can reach ``runtime.state`` without importing
-``init()``'s own dependencies.
+The ground layer: it imports nothing of npudist outside ``runtime/`` (tests/test_layers.py), so every
+other package can reach the Runtime. ``init()``/``shutdown()``, which need the accelerators and comm,
+live above them in ``npudist.lifecycle``. Names load on first use (as in ``npudist``), so
+``npudist.runtime.settings`` and ``.env`` are readable without torch.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from npudist.runtime.env import EnvError, RankInfo, rank_info, torchrun_env
-    from npudist.runtime.lifecycle import DistContext, DistInitError, context, init, shutdown
     from npudist.runtime.settings import Settings, SettingsError
     from npudist.runtime.state import Runtime, current
 
 _EXPORTS: Mapping[str, str] = MappingProxyType({
-    "DistContext": "npudist.runtime.lifecycle",
-    "DistInitError": "npudist.runtime.lifecycle",
-    "context": "npudist.runtime.lifecycle",
-    "init": "npudist.runtime.lifecycle",
-    "shutdown": "npudist.runtime.lifecycle",
     "EnvError": "npudist.runtime.env",
     "RankInfo": "npudist.runtime.env",
     "rank_info": "npudist.runtime.env",
@@ -35,18 +30,13 @@ _EXPORTS: Mapping[str, str] = MappingProxyType({
 })
 
 __all__ = [
-    "DistContext",
-    "DistInitError",
     "EnvError",
     "RankInfo",
     "Runtime",
     "Settings",
     "SettingsError",
-    "context",
     "current",
-    "init",
     "rank_info",
-    "shutdown",
     "torchrun_env",
 ]
 

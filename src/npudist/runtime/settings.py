@@ -91,29 +91,52 @@ class Settings:
         )
 
 
+# The numeric variables: ASCII digits only (str.isdigit() and float() also take '²' and other scripts'
+# digits, float() takes 'inf', 'nan' and '1_0'), and each within the range where the code that uses it
+# works: (lowest, highest, what it counts).
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
+_INTEGER = re.compile(r"[0-9]{1,9}")
+_RANGES: dict[str, tuple[float, float, str]] = {
+    TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
+    PORT_VAR: (0, 65535, "the base port (0: any free port)"),
+    CPU_NPROC_VAR: (1, 1024, "ranks per node"),
+}
+
+
+def _allowed(name: str) -> str:
+    low, high, what = _RANGES[name]
+    return f"give {what}, from {low:g} to {int(high) if float(high).is_integer() else high}"
+
+
+def _in_range(name: str, raw: str, value: float, why: str) -> None:
+    low, high, _ = _RANGES[name]
+    if not low <= value <= high:
+        raise SettingsError(f"{name}={raw!r}: {why}; {_allowed(name)}")
+
+
 def _seconds(raw: str | None) -> float | None:
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise SettingsError(f"{TIMEOUT_VAR}={raw!r}: the timeout must be a positive number of seconds")
+    if not _DECIMAL.fullmatch(raw):
+        raise SettingsError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds; {_allowed(TIMEOUT_VAR)}")
+    value = float(raw)
+    _in_range(TIMEOUT_VAR, raw, value, "the timeout must be a positive number of seconds")
     return value
 
 
 def _port(raw: str | None) -> int | None:
     if raw is None:
         return None
-    if not re.fullmatch(r"[0-9]+", raw):
-        raise SettingsError(f"{PORT_VAR}={raw!r} is not a port number; unset it or give the base port")
+    if not _INTEGER.fullmatch(raw):
+        raise SettingsError(f"{PORT_VAR}={raw!r} is not a port number; unset it or give the base port, 0 to 65535")
+    _in_range(PORT_VAR, raw, int(raw), "not a port number")
     return int(raw)
 
 
 def _positive(name: str, raw: str | None) -> int | None:
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise SettingsError(f"{name}={raw!r}: give a positive integer")
+    if not _INTEGER.fullmatch(raw) or int(raw) < 1:
+        raise SettingsError(f"{name}={raw!r}: give a positive integer; {_allowed(name)}")
+    _in_range(name, raw, int(raw), "too many")
     return int(raw)

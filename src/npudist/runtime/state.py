@@ -1,16 +1,17 @@
 """The Runtime: the one owner of this process's npudist state, and the holder of the current one.
 
 Everything npudist keeps between calls (settings, accelerator detection, the collectives' group cache,
-recorder, hang watchdog and buffers, the checkpoint writer, the DistContext of init()) hangs off one
-Runtime; ``close()`` ends all of it, and ``npudist.shutdown()`` is that close. Collectives also work
-after a plain ``torch.distributed.init_process_group`` without ``npudist.init()``, so the Runtime starts
-on first use.
+recorder, hang watchdog and buffers, the checkpoint writer, the DistContext of init()) and everything a
+rank starts (its metrics server and device poller, run log, run-directory lock, process group) hangs off
+one Runtime; ``close()`` ends all of it in the order written in CLOSE_ORDER, and ``npudist.shutdown()``
+is that close. Collectives also work after a plain ``torch.distributed.init_process_group`` without
+``npudist.init()``, so the Runtime starts on first use.
 
 ``_current`` below is the only module-level mutable state npudist has (tests/test_no_global_state.py
 checks that): the Runtime in use, or None before first use and after close. Each part is created by the
-package that uses it (``npudist.comm`` attaches its state on its first call), so this module imports
-nothing of npudist beyond the settings, and layers point one way: comm and accelerators read the Runtime;
-the Runtime never imports them.
+package that uses it (``npudist.comm`` attaches its state on its first call, the telemetry server
+registers itself with ``own()``), so this package is the ground layer: it imports nothing of npudist
+outside ``runtime/``, not even for type hints (tests/test_layers.py), and layers point one way.
 """
 
 from __future__ import annotations
@@ -19,19 +20,24 @@ import atexit
 import logging
 import sys
 import threading
-from datetime import timedelta
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 from npudist.runtime.settings import Settings
 
-if TYPE_CHECKING:
-    from npudist.accelerators import Accelerator
-    from npudist.checkpoint.writer import CheckpointWriter
-    from npudist.comm.state import CommState
-    from npudist.runtime.lifecycle import DistContext
-
 log = logging.getLogger("npudist.runtime")
-SHUTDOWN_BARRIER_S = 30.0
+
+CLOSE_ORDER = (
+    "run_logs",       # their last record reads the collective counters and the device poller
+    "telemetry",      # rank metrics servers and device pollers, before the counters they serve are dropped
+    "checkpoints",    # the last background write lands; a sharded one still talks over comm's side group
+    "comm",           # the watchdog's publisher joined; cached groups, the side group and buffers dropped
+    "group",          # the bounded shutdown barrier, then the process group destroyed (not at exit)
+    "run_dir_locks",  # last: no rank writes the run directory once another job may take it
+)
+"""The order ``Runtime.close()`` ends a rank's parts in, first to last."""
+_ATTACHED = frozenset({"checkpoints", "comm"})
+"""Parts kept as attributes (created on first use by their package); the others are owned closers."""
 
 
 class Runtime:
@@ -41,63 +47,73 @@ class Runtime:
         self.settings = settings
         self.lock = threading.Lock()
         """Guards the creation of parts that several threads may ask for at once."""
-        self.context: DistContext | None = None
-        """Set by npudist.init(): the rank, device and backend this process joined with."""
+        self.context: Any = None
+        """Set by npudist.init(): the DistContext (rank, device, backend) this process joined with."""
         self.unavailable: dict[str, str | None] = {}
         """Vendor name -> why it cannot be used here (None: usable), each probed once."""
-        self.accelerator: Accelerator | None = None
-        """The detected (or NPUDIST_ACCELERATOR-forced) accelerator, once asked for."""
-        self.comm: CommState | None = None
-        """npudist.comm's group cache, recorder, watchdog and buffers, once a collective ran."""
-        self.checkpoints: CheckpointWriter | None = None
-        """The asynchronous checkpoint writer, once a checkpoint was saved."""
+        self.accelerator: Any = None
+        """The detected (or NPUDIST_ACCELERATOR-forced) Accelerator, once asked for."""
+        self.comm: Any = None
+        """npudist.comm's CommState (group cache, recorder, watchdog, buffers), once a collective ran."""
+        self.checkpoints: Any = None
+        """The asynchronous CheckpointWriter, once a checkpoint was saved."""
+        self._owned: dict[str, list[Callable[[], object]]] = {}
+
+    def own(self, kind: str, close: Callable[[], object]) -> None:
+        """Have ``close`` called when the Runtime closes, in ``kind``'s place in CLOSE_ORDER (the latest
+        first within a kind). ``close`` must be safe to call again: its owner may close it earlier."""
+        if kind not in CLOSE_ORDER or kind in _ATTACHED:
+            raise ValueError(f"unknown part kind {kind!r}; one of {', '.join(sorted(set(CLOSE_ORDER) - _ATTACHED))}")
+        with self.lock:
+            self._owned.setdefault(kind, []).append(close)
+
+    def owns(self, kind: str) -> bool:
+        return bool(self._owned.get(kind))
 
     def close(self, *, at_exit: bool = False) -> None:
-        """Release every part, then destroy the process group; safe to call twice.
+        """End every part in CLOSE_ORDER; safe to call twice.
 
-        Invariant: nothing of npudist's holds a process group or runs a thread once this returns, and
-        the group is destroyed here rather than during interpreter finalization. A gloo group or a
-        thread that lives into finalization can abort the process ("terminate called without an active
-        exception"): its worker thread needs the GIL back inside a C++ destructor. So the last
-        asynchronous checkpoint write lands first (a sharded one talks over the group), the watchdog's
-        publisher is joined and the cached groups are dropped; then, unless an exception is on its way
-        out (a peer may be gone), the ranks meet at a bounded barrier so that no rank destroys its group
-        while a peer's last collective is still in flight. A background checkpoint failure not raised
-        yet is raised last (CheckpointError), never in place of an exception already on its way out.
+        Invariant: nothing of npudist's holds a process group, runs a thread or serves a port once this
+        returns, and the group is destroyed here rather than during interpreter finalization. A gloo
+        group or a thread that lives into finalization can abort the process ("terminate called without
+        an active exception"): its worker thread needs the GIL back inside a C++ destructor. A part that
+        fails to close does not keep the later ones running: the first failure (or a background
+        checkpoint failure not raised yet, CheckpointError) is raised once all parts are closed, never
+        in place of an exception already on its way out, and the others are logged.
 
         ``at_exit``: the exit hook of a process that never called shutdown(); the parts are released
         but the process group, if the user created it, stays theirs to end, and errors are only logged.
         """
         global _current
-        checkpoint_error = self.checkpoints.close() if self.checkpoints is not None else None
-        if self.comm is not None:
-            self.comm.close()
+        errors: list[BaseException] = []
+        for kind in CLOSE_ORDER:
+            if at_exit and kind == "group":
+                continue
+            for close in self._take(kind):
+                try:
+                    result = close()
+                except Exception as exc:  # one part's failure must not leave the later parts running
+                    result = exc
+                if isinstance(result, BaseException):
+                    errors.append(result)
         self.context = None
         if _current is self:
             _current = None
-        if not at_exit:
-            end_group()
-        if checkpoint_error is not None:
+        for extra in errors[1:]:
+            log.error("while closing the npudist runtime: %s", extra)
+        if errors:
             if at_exit or sys.exc_info()[0] is not None:
-                log.error("%s", checkpoint_error)
+                log.error("%s", errors[0])
             else:
-                raise checkpoint_error
+                raise errors[0]
 
-
-def end_group() -> None:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if sys.exc_info()[0] is None and dist.get_world_size() > 1:
-        try:
-            if str(dist.get_backend()) == "gloo":
-                dist.monitored_barrier(timeout=timedelta(seconds=SHUTDOWN_BARRIER_S))
-            else:
-                dist.barrier()
-        except Exception as exc:  # a peer that already left must not turn shutdown into an error
-            log.debug("shutdown barrier failed: %s", exc)
-    dist.destroy_process_group()
+    def _take(self, kind: str) -> list[Callable[[], object]]:
+        if kind in _ATTACHED:
+            part = getattr(self, kind)
+            setattr(self, kind, None)
+            return [part.close] if part is not None else []
+        with self.lock:
+            return list(reversed(self._owned.pop(kind, [])))
 
 
 _current: Runtime | None = None

@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
+from npudist.runtime.state import current
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.exposition.node_label import node_name
 from npudist.telemetry.exposition.server import DEFAULT_HOST, ExporterError, MetricsServer, check_port, serve
@@ -74,11 +75,13 @@ class RankTelemetry:
         return StepTimer(self.training, **kwargs)
 
     def close(self) -> None:
+        """Stop the server and the poller (their threads joined); safe to call again. ``npudist.shutdown()``
+        calls it for every RankTelemetry this process started."""
         if self.server is not None:
             self.server.close()
             self.server = None
         if self.poller is not None:
-            self.poller.stop(0.5)
+            self.poller.stop()
             self.poller = None
 
 
@@ -117,12 +120,17 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     ``ctx`` is the DistContext from npudist.init() (None: a single process, rank 0). ``device_source``
     names the source asked once which physical device the rank uses (the device/chip labels, the straggler
     diagnosis) and polled every 15 s for the temperature/frequency in skew warnings (None: neither; a
-    source that cannot load is skipped). Call ``close()`` when training ends.
+    source that cannot load is skipped). ``close()`` it when training ends, or leave that to
+    ``npudist.shutdown()``, which closes it with the Runtime.
     """
     env = os.environ if env is None else env
     rank, local_rank = (ctx.rank, ctx.local_rank) if ctx is not None else (0, 0)
     device_type = ctx.device.type if ctx is not None else "cpu"
     health = CollectorHealth()
+    try:
+        runtime = current()  # the Runtime owns what this starts: shutdown() closes it (CLOSE_ORDER)
+    except SettingsError as exc:
+        raise ExporterError(str(exc)) from None
     source = _device_source(device_source) if device_source is not None else None
     device = None
     if source is not None:
@@ -142,6 +150,7 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     registry.register(progress)
     telemetry = RankTelemetry(registry, health, training, device_type, local_rank, device=device,
                               progress=progress)
+    runtime.own("telemetry", telemetry.close)
     if ctx is not None and device_type != "cpu":
         telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)
     port = metrics_port(env)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +59,8 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        self.front.close()
+        """Stop serving: the port is closed and the server's threads have ended when this returns."""
+        self.front.close(wait=True)
 
 
 class _NameFilter:
@@ -95,6 +97,8 @@ class _Render:
 
 # What makes two scrapes' answers differ: the format negotiated, gzip, and the name[] filter.
 _RENDER_KEY = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING")
+_KEPT_MAX = 8
+"""Answers kept at most (Accept headers vary by client; answers to name[] queries are never kept)."""
 
 
 class CoalescedApp:
@@ -105,10 +109,50 @@ class CoalescedApp:
     fails every scrape that waited on it (the server answers 500), never an empty 200.
     """
 
-    def __init__(self, app: Callable[..., Any]) -> None:
+    def __init__(self, app: Callable[..., Any], max_age_s: float = 0.0) -> None:
         self.app = app
+        self.max_age_s = max_age_s
+        """0: every scrape waits for a render started after it arrived (or shares one). Above 0: an answer up
+        to this old is served as is, and an older one is still served while a background render replaces it,
+        so no scrape waits for a render except the first of its kind (a node exporter's data changes only
+        every poll interval; rendering a thousand reliability series costs tens of milliseconds)."""
         self._lock = threading.Lock()
         self._running: dict[tuple[str, ...], _Render] = {}
+        self._kept: dict[tuple[str, ...], tuple[float, tuple[str, list[tuple[str, str]], bytes]]] = {}
+
+    def _lead(self, key: tuple[str, ...], render: _Render, environ: dict[str, Any]) -> None:
+        try:
+            render.result = self._render(environ)
+            if self.max_age_s > 0 and render.result[0].startswith("200") and not environ.get("QUERY_STRING"):
+                with self._lock:
+                    if len(self._kept) >= _KEPT_MAX and key not in self._kept:
+                        self._kept.pop(next(iter(self._kept)))
+                    self._kept[key] = (time.monotonic(), render.result)
+        except Exception as exc:
+            render.error = exc
+        finally:
+            with self._lock:
+                del self._running[key]
+            render.done.set()
+
+    def _from_kept(self, key: tuple[str, ...], environ: dict[str, Any]
+                   ) -> tuple[str, list[tuple[str, str]], bytes] | None:
+        """A kept answer for ``key``; past max_age_s it is still returned while one background render
+        (started here unless one runs) replaces it. None when nothing is kept, or it is past 2 x max_age_s."""
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is None:
+                return None
+            age = time.monotonic() - kept[0]
+            if age <= self.max_age_s:
+                return kept[1]
+            if age > 2 * self.max_age_s:
+                return None  # the refresh is failing or stuck: make this scrape wait for a fresh render
+            if key not in self._running:
+                render = self._running[key] = _Render()
+                threading.Thread(target=self._lead, args=(key, render, environ), name="npudist-render",
+                                 daemon=True).start()
+            return kept[1]
 
     def _render(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         started: list[Any] = []
@@ -117,20 +161,19 @@ class CoalescedApp:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         key = tuple(str(environ.get(k, "")) for k in _RENDER_KEY)
+        if self.max_age_s > 0:
+            kept = self._from_kept(key, dict(environ))
+            if kept is not None:
+                status, headers, body = kept
+                start_response(status, headers)
+                return [body]
         with self._lock:
             render = self._running.get(key)
             leader = render is None
             if render is None:
                 render = self._running[key] = _Render()
         if leader:
-            try:
-                render.result = self._render(environ)
-            except Exception as exc:
-                render.error = exc
-            finally:
-                with self._lock:
-                    del self._running[key]
-                render.done.set()
+            self._lead(key, render, environ)
         else:
             render.done.wait()
         if render.result is None:
@@ -141,7 +184,7 @@ class CoalescedApp:
 
 
 def serve(registry: CollectorRegistry, host: str = DEFAULT_HOST, port: int = 0,
-          limits: Limits | None = None) -> MetricsServer:
+          limits: Limits | None = None, max_age_s: float = 0.0) -> MetricsServer:
     """Serve ``registry`` (prometheus_client's WSGI app: text or OpenMetrics, gzip, ``name[]``) from a
     front that reads each request whole under a deadline and caps connections; port 0 picks one."""
     try:
@@ -153,5 +196,5 @@ def serve(registry: CollectorRegistry, host: str = DEFAULT_HOST, port: int = 0,
                 f"Choose another port, or find the holder with `ss -ltnp | grep :{port}`."
             ) from None
         raise ExporterError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    front.start(wsgi_handler(CoalescedApp(make_wsgi_app(_NameFilter(registry))), front.host, front.port))
+    front.start(wsgi_handler(CoalescedApp(make_wsgi_app(_NameFilter(registry)), max_age_s), front.host, front.port))
     return MetricsServer(front.host, front.port, front)

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from npudist import runlog_schema as schema
 from npudist.runlog_schema import rank_file
+from npudist.runtime.state import current
 from npudist.telemetry.exposition.node_label import node_name
 from npudist.telemetry.job.skew import SkewReport
 from npudist.telemetry.sources.readings import DeviceReading, RankDevice
@@ -185,7 +186,8 @@ class RunLog:
 def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: Any = None,
                  start_step: int = 0) -> RunLog:
     """A RunLog for this rank (``ctx`` from npudist.init()), reading device values from ``telemetry``'s
-    poller when it has one and recording ``timer``'s skew exchanges."""
+    poller when it has one and recording ``timer``'s skew exchanges. Owned by the Runtime: ``npudist.shutdown()``
+    closes it if the script did not."""
     readings = None
     if telemetry is not None and telemetry.poller is not None:
         from npudist.telemetry.exposition.rank_exporter import local_reading
@@ -196,6 +198,7 @@ def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: An
             return local_reading(poller.snapshot().readings, local_rank, device)
 
     runlog = RunLog(rank_file(run_dir, ctx.rank), ctx.rank, readings=readings)
+    current().own("run_logs", runlog.close)  # shutdown() writes its totals and closes it, at the latest
     runlog.start(world=ctx.world_size, accelerator=ctx.accelerator.name, backend=ctx.backend,
                  start_step=start_step, device=telemetry.device if telemetry is not None else None)
     if timer is not None:

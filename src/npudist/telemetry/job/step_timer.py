@@ -214,24 +214,11 @@ class StepTimer:
 
 
 def _all_gather_rows(row: list[float], group: Any) -> tuple[list[list[float]], int]:
-    """Every rank's row, by rank, with one small all_gather; this process alone when there is no group."""
-    import torch
-    import torch.distributed as dist
+    """Every rank's row, by rank, with one small all_gather on the group's device (npudist.comm.control);
+    this process alone when there is no group."""
+    from npudist.comm import control
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return [row], 0
-    backend = str(dist.get_backend(group))
-    device = torch.device("cpu")
-    if backend != "gloo":  # NCCL/HCCL/CNCL gather device tensors
-        from npudist.runtime import context
-
-        ctx = context()
-        if ctx is not None:
-            device = ctx.device
-    mine = torch.tensor(row, dtype=torch.float32, device=device)
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, mine, group=group)
-    return [t.cpu().tolist() for t in out], dist.get_rank(group)
+    return control.gather_rows(row, group)
 
 
 def watch_ddp(ddp: Any, timer: StepTimer) -> None:

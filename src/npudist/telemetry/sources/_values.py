@@ -97,3 +97,14 @@ def health(raw: str | None) -> str | None:
 
 def text(raw: str | None) -> str | None:
     return None if is_na(raw) else raw.strip()  # type: ignore[union-attr]
+
+
+def frozen(table: dict) -> MappingProxyType:
+    """A lookup table as a constant: the table and the dicts inside its tuples become read-only views."""
+    def freeze(value):
+        if isinstance(value, dict):
+            return MappingProxyType(value)
+        if isinstance(value, tuple):
+            return tuple(freeze(x) for x in value)
+        return value
+    return MappingProxyType({k: freeze(x) for k, x in table.items()})

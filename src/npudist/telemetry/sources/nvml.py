@@ -27,6 +27,22 @@ def _number(value: Any) -> float | None:
     return v.number(str(value)) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def start_nvml(nvml: ModuleType | None) -> ModuleType:
+    """``nvml`` (or pynvml, imported now) after nvmlInit; SourceError ``missing`` when either fails. NVML
+    counts its inits, so every source starts (and may shut down) its own."""
+    if nvml is None:
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError:
+            raise SourceError("missing", "Python package 'pynvml' is not installed: "
+                              "pip install nvidia-ml-py (or npudist[nvidia])") from None
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError: driver not loaded / library not found
+        raise SourceError("missing", f"NVML could not start (is the NVIDIA driver loaded?): {exc}") from None
+    return nvml
+
+
 class NvmlSource(Source):
     """One reading per GPU NVML sees; ``nvml`` injects a module (tests pass a fake pynvml)."""
 
@@ -38,21 +54,10 @@ class NvmlSource(Source):
         self._initialised = False
 
     def _module(self) -> ModuleType:
-        if self._nvml is None:
-            try:
-                self._nvml = importlib.import_module("pynvml")
-            except ImportError:
-                raise SourceError("missing", "Python package 'pynvml' is not installed: "
-                                  "pip install nvidia-ml-py (or npudist[nvidia])") from None
-        nvml = self._nvml
         if not self._initialised:
-            try:
-                nvml.nvmlInit()
-            except Exception as exc:  # NVMLError: driver not loaded / library not found
-                raise SourceError("missing",
-                                  f"NVML could not start (is the NVIDIA driver loaded?): {exc}") from None
+            self._nvml = start_nvml(self._nvml)
             self._initialised = True
-        return nvml
+        return self._nvml  # type: ignore[return-value]
 
     def read(self) -> list[DeviceReading]:
         nvml = self._module()

@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.sources.readings import DeviceReading, ParseError, Source, SourceError
@@ -23,7 +24,7 @@ log = logging.getLogger("npudist.telemetry")
 
 @dataclass(frozen=True)
 class Snapshot:
-    readings: tuple[DeviceReading, ...]
+    readings: tuple[Any, ...]
     """Readings of the last successful read (empty before the first one)."""
     success_at: float | None
     """time.time() of the last successful read."""
@@ -63,10 +64,13 @@ class Poller:
     """Polls one Source every ``interval_s`` seconds, each read bounded by ``timeout_s``."""
 
     def __init__(self, source: Source, health: CollectorHealth, *, interval_s: float = 5.0,
-                 timeout_s: float | None = None, stale_after_s: float | None = None) -> None:
+                 timeout_s: float | None = None, stale_after_s: float | None = None,
+                 record: type = DeviceReading) -> None:
         if not interval_s > 0:
             raise ValueError(f"poll interval must be positive, got {interval_s} s")
         self.source = source
+        self.record = record
+        """What read() returns a list of: DeviceReading, or ChipMeasurements for the reliability sweeps."""
         self.name = getattr(source, "name", type(source).__name__)
         self.health = health
         self.interval_s = float(interval_s)
@@ -74,7 +78,7 @@ class Poller:
         self.stale_after_s = (stale_after_s if stale_after_s is not None
                               else 3 * self.interval_s + self.timeout_s)
         self._lock = threading.Lock()
-        self._readings: tuple[DeviceReading, ...] = ()
+        self._readings: tuple[Any, ...] = ()
         self._success_at: float | None = None
         self._last_ok = False
         self._pending: _Read | None = None
@@ -89,8 +93,10 @@ class Poller:
             read = None  # a late answer from an abandoned read: stale, start afresh
         if read is None:
             read = _Read(self.source)
-        if not read.done.wait(self.timeout_s):
+        if not self._wait(read):
             self._pending = read
+            if self._stop.is_set():
+                return False  # stopped, not timed out: nothing to count
             self._fail("timeout", f"read still running after {time.monotonic() - read.started:.1f} s",
                        time.monotonic() - read.started)
             return False
@@ -100,8 +106,8 @@ class Poller:
         if isinstance(result, BaseException):
             self._fail(_reason(result), f"{type(result).__name__}: {result}", duration)
             return False
-        if not isinstance(result, list | tuple) or not all(isinstance(r, DeviceReading) for r in result):
-            self._fail("error", f"read() returned {type(result).__name__}, not a list of DeviceReading",
+        if not isinstance(result, list | tuple) or not all(isinstance(r, self.record) for r in result):
+            self._fail("error", f"read() returned {type(result).__name__}, not a list of {self.record.__name__}",
                        duration)
             return False
         with self._lock:
@@ -110,6 +116,14 @@ class Poller:
             self._last_ok = True
         self.health.success(self.name, duration, self._success_at)
         self._logged.clear()
+        return True
+
+    def _wait(self, read: _Read) -> bool:
+        """Wait up to timeout_s for ``read``; stop() cuts the wait short (checked every 50 ms)."""
+        deadline = time.monotonic() + self.timeout_s
+        while not read.done.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if self._stop.is_set() or time.monotonic() >= deadline:
+                return False
         return True
 
     def _fail(self, reason: str, detail: str, duration: float) -> None:
@@ -147,10 +161,17 @@ class Poller:
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """End the polling thread and wait up to ``timeout_s`` in all for it and for a read in flight. A
+        read still running after that (a vendor tool stuck in the driver) is left to its own timeout:
+        Python cannot stop a thread."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        read = self._pending
+        if read is not None:
+            read.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def finite(value: float | None) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Mapping
 
 from npudist.telemetry.sources.npu_smi.kv import parse_kv
@@ -22,7 +21,7 @@ from npudist.telemetry.sources.readings import (
     Source,
     SourceError,
 )
-from npudist.toolrun import run_tool
+from npudist.telemetry.sources.tool_call import call_tool
 
 QUERIES = ("usages", "power", "temp", "memory", "health", "common")
 """``npu-smi info -t TYPE`` values parse_kv understands (Ascend npu-smi reference, "info -t")."""
@@ -46,21 +45,8 @@ class NpuSmiSource(Source):
 
     def run(self, *args: str) -> str:
         """stdout of ``npu-smi ARGS``; SourceError reason missing / timeout / exit_code."""
-        cmd = [self.binary, *args]
-        try:
-            proc = run_tool(cmd, self.timeout)
-        except FileNotFoundError:
-            raise SourceError("missing", f"{self.binary!r} not found on PATH: install the Ascend driver "
-                              "(it ships npu-smi) or pass the binary's full path") from None
-        except subprocess.TimeoutExpired:
-            raise SourceError("timeout", f"`{' '.join(cmd)}` gave no answer within {self.timeout:g} s "
-                              "(driver busy or hung); it was killed with its children") from None
-        except OSError as exc:
-            raise SourceError("missing", f"cannot run {self.binary!r}: {exc}") from None
-        if proc.returncode != 0:
-            detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise SourceError("exit_code", f"`{' '.join(cmd)}` exited with {proc.returncode}: {detail[0]}")
-        return proc.stdout
+        return call_tool(self.binary, args, self.timeout,
+                         "install the Ascend driver (it ships npu-smi) or pass the binary's full path")
 
     def table(self) -> NpuSmiTable:
         """Devices, processes and skipped rows from one ``npu-smi info`` run."""

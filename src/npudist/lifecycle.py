@@ -1,7 +1,9 @@
 """init()/shutdown(): pick the device first, then the backend, then join the process group.
 
-init() starts (or reuses) this process's Runtime and records the joined group in it as a DistContext;
-shutdown() closes that Runtime.
+init() starts (or reuses) this process's Runtime, records the joined group in it as a DistContext and
+gives it the group to end; shutdown() closes that Runtime. This module sits above the accelerators, comm,
+checkpoint and telemetry (it starts and ends what they own); ``npudist.runtime`` below them all only
+holds the state.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from npudist.accelerators import Accelerator, accelerator
+from npudist.comm import control
 from npudist.runtime.env import RankInfo, rank_info
 from npudist.runtime.settings import Settings, SettingsError
-from npudist.runtime.state import current, end_group, peek
+from npudist.runtime.state import current, peek
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -123,6 +126,8 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
     td = _timeout(timeout, rt.settings)
     if not dist.is_initialized():
         _join(info, chosen, td)
+    if not rt.owns("group"):
+        rt.own("group", control.end_group)
     rt.context = DistContext(
         rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=info.local_rank,
         local_world_size=info.local_world_size, node_rank=info.node_rank, device=device,
@@ -178,11 +183,14 @@ def context() -> DistContext | None:
 
 
 def shutdown() -> None:
-    """Close this process's Runtime (Runtime.close: the last checkpoint write, the other parts, then the
-    process group); safe to call twice, or without init() after a plain ``init_process_group``. A
+    """Close this process's Runtime (Runtime.close, in runtime.state.CLOSE_ORDER: run logs, metrics
+    servers and pollers, the last checkpoint write, comm, the process group, the run-directory lock); safe
+    to call twice, or without init() after a plain ``init_process_group``, whose group it ends too. A
     background checkpoint failure not raised yet is raised here, after the teardown (CheckpointError)."""
     rt = peek()
-    if rt is not None:
-        rt.close()
-    else:
-        end_group()
+    if rt is None:
+        control.end_group()
+        return
+    if not rt.owns("group"):
+        rt.own("group", control.end_group)
+    rt.close()

@@ -1,0 +1,150 @@
+"""The one door for npudist's own control messages: flags, small objects, rows of numbers and barriers.
+
+Checkpoints agree on failures, the run-dir lock tells every rank its outcome, the step timer exchanges
+window means, shutdown meets at a barrier: each is a collective of a few bytes on the job's group. The
+group's backend decides where those bytes must live. A backend registered for device types only (HCCL
+for ``npu``, NCCL for ``cuda``, CNCL for ``mlu``) refuses a CPU tensor ("No backend type associated
+with device type cpu"), so the door puts them on the group's device; a group that serves ``cpu``
+(gloo, or ``cpu:gloo,cuda:nccl``) gets host tensors and no copy.
+
+Why device tensors rather than a gloo side group for control data: the device group already exists,
+a flag costs one host-to-device copy and one read back, and nothing more is held per rank. A gloo side
+group over the whole job is another rendezvous at start and a full mesh of TCP connections (N - 1 per
+rank, O(N^2) per job): at 8,192 ranks, 8,191 sockets per rank to carry a few bytes at each checkpoint.
+The one gloo group npudist does make is ``side_group()``, for DCP's background writes, whose
+collectives must not interleave with the training loop's on the default group; it is created at the
+first sharded asynchronous save, once per job, and dropped with the Runtime.
+
+These messages are not numbered by the watchdog or counted by the recorder: they are npudist's
+bookkeeping, not the training job's traffic (``npudist.comm.stats()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from npudist.comm.state import state
+
+log = logging.getLogger("npudist.comm")
+CPU = torch.device("cpu")
+SHUTDOWN_BARRIER_S = 30.0
+
+
+def distributed() -> bool:
+    """True once a process group exists (control messages are then collectives)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank(group: Any = None) -> int:
+    """This process's rank in ``group``; 0 without a process group."""
+    return dist.get_rank(group) if distributed() else 0
+
+
+def device(group: Any = None) -> torch.device:
+    """Where ``group``'s backend takes control tensors: the CPU when it serves ``cpu``, else the current
+    device of the first device type it is registered for (the one ``init()`` bound the communicator to).
+
+    The device types come from the group (``ProcessGroup._device_types``, which torch's own object
+    collectives read) or, for a backend whose group does not list them (a Python process group), from
+    the ``devices=`` it was registered with (``Backend.backend_capability``).
+    """
+    pg = group if group is not None else dist.group.WORLD
+    types = [d.type for d in getattr(pg, "_device_types", ())]
+    if not types:
+        types = list(dist.Backend.backend_capability.get(str(dist.get_backend(group)).lower(), ()))
+    if not types or "cpu" in types:
+        return CPU
+    return torch.device(types[0])  # no index: the current device of that type
+
+
+def any_rank(flag: bool, group: Any = None) -> bool:
+    """True on every rank when ``flag`` is set on any rank (a MAX all-reduce of one element)."""
+    if not distributed():
+        return bool(flag)
+    t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def first_rank(flag: bool, group: Any = None) -> int | None:
+    """The lowest rank of ``group`` whose ``flag`` is set, on every rank; None when no rank set it (a MIN
+    all-reduce of one element)."""
+    if not distributed():
+        return 0 if flag else None
+    world = dist.get_world_size(group)
+    t = torch.tensor([dist.get_rank(group) if flag else world], dtype=torch.int32, device=device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    first = int(t.item())
+    return first if first < world else None
+
+
+def from_rank(flag: bool, src: int = 0, group: Any = None) -> bool:
+    """Rank ``src``'s ``flag``, on every rank (a broadcast of one element)."""
+    if not distributed():
+        return bool(flag)
+    t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device(group))
+    dist.broadcast(t, src=src, group=group)
+    return bool(t.item())
+
+
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+    """Rank ``src``'s ``obj`` (picklable; only trusted npudist values), on every rank."""
+    if not distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=group, device=device(group))
+    return box[0]
+
+
+def gather_rows(row: list[float], group: Any = None) -> tuple[list[list[float]], int]:
+    """Every rank's ``row`` (equal lengths, float32 on the wire), by rank, and this rank's index."""
+    if not distributed():
+        return [list(row)], 0
+    mine = torch.tensor(row, dtype=torch.float32, device=device(group))
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [t.cpu().tolist() for t in out], dist.get_rank(group)
+
+
+def barrier(timeout: timedelta, group: Any = None) -> None:
+    """Wait until every rank of ``group`` arrives. On a group that serves the CPU this is gloo's
+    ``monitored_barrier``, which names a rank that never came within ``timeout``; on device groups it
+    is an all-reduce of one element (``dist.barrier`` there guesses a device when none is bound, and
+    not every device backend implements it), bounded by the group's own timeout."""
+    if not distributed() or dist.get_world_size(group) == 1:
+        return
+    if device(group).type == "cpu" and str(dist.get_backend(group)) == "gloo":
+        dist.monitored_barrier(group=group, timeout=timeout)
+        return
+    any_rank(False, group)
+
+
+def side_group() -> Any:
+    """A gloo group over the whole job for collectives issued from a background thread (DCP's
+    asynchronous sharded writes), so they never interleave with the training loop's on the default
+    group (torchtitan does the same). Collective: every rank calls it at the same point; created once
+    per Runtime and dropped when it closes."""
+    st = state()
+    if st.side_group is None:
+        st.side_group = dist.new_group(backend="gloo")
+    return st.side_group
+
+
+def end_group() -> None:
+    """Destroy the default process group (after the bounded shutdown barrier, unless an exception is on
+    its way out and a peer may be gone), so that no rank destroys its group while a peer's last
+    collective is still in flight."""
+    if not distributed():
+        return
+    if sys.exc_info()[0] is None:
+        try:
+            barrier(timedelta(seconds=SHUTDOWN_BARRIER_S))
+        except Exception as exc:  # a peer that already left must not turn shutdown into an error
+            log.debug("shutdown barrier failed: %s", exc)
+    dist.destroy_process_group()

@@ -1,0 +1,132 @@
+"""The migration rules as data: what a CUDA-only construct breaks off NVIDIA, and what replaces it.
+
+A rule is found by ``scan.py`` and, where ``fixable``, rewritten by ``fix.py``; adding a rule is adding a
+row here and one matcher there. Vendor facts cite their source next to the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+SEVERITIES = ("info", "warning", "error")
+"""Ordered: ``--fail-on warning`` fails on warnings and errors."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    breaks: str
+    """What goes wrong on an NPU, MLU, RK3588 board or CPU."""
+    replacement: str
+    """The vendor-neutral form."""
+    fixable: bool
+    """``npudist migrate fix`` rewrites it (in the contexts scan.py marks as mechanical)."""
+
+
+_RULES = (
+    Rule("cuda-device-api", "error",
+         "torch.cuda.* talks to the CUDA runtime only; on an NPU or MLU it reports no device or raises",
+         "npudist.accelerator().set_device/device_count/synchronize/device() (the detected vendor's module)",
+         True),
+    Rule("cuda-memory-api", "warning",
+         "torch.cuda memory statistics read CUDA's allocator: 0 or an error on other devices",
+         "npudist.accelerator().memory_stats() or torch.accelerator.memory_allocated() (torch >= 2.9)", False),
+    Rule("cuda-streams", "warning",
+         "torch.cuda streams and events exist only on CUDA",
+         "torch.Stream / torch.Event with the device type, or torch.accelerator.current_stream()", False),
+    Rule("cuda-amp", "error",
+         "torch.cuda.amp autocasts and scales for CUDA only (deprecated since torch 2.4)",
+         "torch.autocast(device_type, ...) and torch.amp.GradScaler(device_type, ...) with "
+         "npudist.accelerator().device_type", True),
+    Rule("cuda-api", "error",
+         "a torch.cuda call has no meaning on another device type",
+         "the torch.accelerator equivalent, or npudist.accelerator()", False),
+    Rule("cuda-method", "error",
+         ".cuda() moves to a CUDA device; on an NPU host it raises 'Torch not compiled with CUDA enabled'",
+         ".to(npudist.accelerator().device()) (ctx.device after npudist.init())", True),
+    Rule("cuda-device-string", "error",
+         "a 'cuda' / 'cuda:N' device names the CUDA device type only",
+         "npudist.accelerator().device(N), or ctx.device from npudist.init()", True),
+    Rule("int-device-index", "error",
+         ".to(<int>) means .to('cuda:<int>'): a bare index always selects a CUDA device",
+         ".to(npudist.accelerator().device(index))", True),
+    Rule("cuda-backend-flags", "warning",
+         "torch.backends.cudnn / torch.backends.cuda settings do nothing off NVIDIA (silently)",
+         "torch.use_deterministic_algorithms(True) for determinism; "
+         "torch.set_float32_matmul_precision('high') for TF32-like speed", False),
+    Rule("init-process-group", "error",
+         "init_process_group('nccl') fails where NCCL is absent ('Device backend nccl is not available'), "
+         "and without set_device first HCCL binds every rank's communicator to device 0",
+         "ctx = npudist.init(): sets the device, then starts hccl/nccl/cncl/gloo as the host needs", True),
+    Rule("process-group-setup", "info",
+         "a hand-made process group works only if the device was set first and the backend suits it",
+         "ctx = npudist.init(): the same for every vendor, with npudist's errors and hang diagnosis", True),
+    Rule("nccl-string", "warning",
+         "a backend compared with or set to 'nccl' takes the wrong branch on HCCL, CNCL or gloo "
+         "(transfer_to_npu's documented limitation)",
+         "ctx.backend from npudist.init(), or test ctx.device.type", False),
+    Rule("ddp-wrap", "warning",
+         "DistributedDataParallel(device_ids=[local_rank]) is right on CUDA only and sends gradient "
+         "buckets unadapted (bf16 is refused by strict HCCL)",
+         "npudist.ddp(model): the right device_ids per vendor, buckets through npudist.comm", True),
+    Rule("visible-devices", "warning",
+         "CUDA_VISIBLE_DEVICES does not restrict Ascend or Cambricon devices",
+         "ASCEND_RT_VISIBLE_DEVICES (NPU), MLU_VISIBLE_DEVICES (MLU); npudist.accelerator().vendor."
+         "visible_devices_var names the active one", False),
+    Rule("local-rank-env", "info",
+         "LOCAL_RANK read by hand to pick a device skips the vendor's visible-devices mapping",
+         "ctx.local_rank and ctx.device from npudist.init()", False),
+    Rule("pin-memory", "info",
+         "pinned host memory is page-locked for CUDA by default; on RK3588 and CPU it only costs memory",
+         "pin_memory=(npudist.accelerator().device_type != 'cpu')", False),
+    Rule("jit-script", "warning",
+         "torch.jit.script is disabled by torch_npu's transfer_to_npu and unsupported on Ascend",
+         "eager mode, or torch.compile with the vendor's backend", False),
+    Rule("channels-last", "warning",
+         "channels_last memory format is not supported on Ascend (transfer_to_npu documentation)",
+         "the default contiguous format", False),
+    Rule("nccl-env", "warning",
+         "NCCL_* variables are ignored by HCCL and CNCL",
+         "the counterpart listed in the finding (set both for a portable job)", False),
+    Rule("direct-collective", "info",
+         "torch.distributed collectives pass dtypes and layouts to the backend unadapted",
+         "npudist.all_reduce / all_gather / broadcast / reduce_scatter adapt to the constraint row", False),
+    Rule("bf16-collective", "error",
+         "the active constraint row does not reduce bfloat16 natively: the collective raises",
+         "npudist.all_reduce (casts to a wider dtype and back, counted) or npudist.ddp", False),
+)
+
+RULES: Mapping[str, Rule] = MappingProxyType({r.id: r for r in _RULES})
+
+# NCCL variable -> its counterpart on Ascend (HCCL) with the difference that matters.
+# Sources: HCCL environment variable reference (CANN "Environment Variables" > "Collective Communication"),
+# NCCL "Environment Variables" documentation.
+NCCL_ENV: Mapping[str, str] = MappingProxyType({
+    "NCCL_SOCKET_IFNAME": "HCCL_SOCKET_IFNAME (interface name) or HCCL_IF_IP (an address)",
+    "NCCL_DEBUG": "ASCEND_GLOBAL_LOG_LEVEL (0 debug .. 3 error) and ASCEND_SLOG_PRINT_TO_STDOUT=1",
+    "NCCL_TIMEOUT": "HCCL_EXEC_TIMEOUT (seconds, default 1836) and npudist.init(timeout=)",
+    "NCCL_BLOCKING_WAIT": "HCCL_ASYNC_ERROR_HANDLING=1 with npudist.init(timeout=)",
+    "NCCL_ASYNC_ERROR_HANDLING": "HCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "HCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_BLOCKING_WAIT": "HCCL_ASYNC_ERROR_HANDLING=1 with npudist.init(timeout=)",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_HCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "TORCH_HCCL_DUMP_ON_TIMEOUT",
+    "NCCL_IB_DISABLE": "none: HCCL always uses RoCE between nodes (HCCL_INTRA_ROCE_ENABLE within a node)",
+    "NCCL_BUFFSIZE": "HCCL_BUFFSIZE (MB, not bytes)",
+    "NCCL_ALGO": "HCCL_ALGO (different algorithm names)",
+    "NCCL_P2P_DISABLE": "HCCL_INTRA_PCIE_ENABLE / HCCL_INTRA_ROCE_ENABLE",
+    "NCCL_CONNECT_TIMEOUT": "HCCL_CONNECT_TIMEOUT (seconds, default 120)",
+})
+
+CUDA_MEMORY_CALLS = frozenset({
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache",
+    "reset_peak_memory_stats", "memory_stats", "memory_summary", "mem_get_info", "reset_max_memory_allocated",
+})
+CUDA_STREAM_CALLS = frozenset({"Stream", "Event", "current_stream", "stream", "default_stream", "set_stream"})
+CUDA_DEVICE_CALLS = frozenset({"set_device", "device_count", "synchronize", "is_available", "current_device"})
+COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                         "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single"})
+DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "device_type"})
