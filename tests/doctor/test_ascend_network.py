@@ -10,7 +10,7 @@ import pytest
 
 from npudist.doctor import FAIL, OK, SKIP, WARN, Host
 from npudist.doctor.ascend_network import ascend_nics
-from tests.conftest import fakes_path
+from tests.conftest import FAKES, fakes_path
 
 
 @pytest.fixture
