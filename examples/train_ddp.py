@@ -259,16 +259,16 @@ def main(argv: list[str] | None = None) -> None:
                 saved.wait()  # the summary names the checkpoints on disk
             lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None)
             print("\n".join(f"summary: {line}" for line in lines), flush=True)
-    except KeyboardInterrupt:
-        interrupted = True  # Ctrl-C, or torchrun passing on a SIGINT: one line below, no traceback
+    except KeyboardInterrupt:  # Ctrl-C, or torchrun passing on a SIGINT: one line, no traceback
+        interrupted = True
+        if ctx.is_main:  # before the teardown, which may wait on peers that already left
+            print(f"interrupted at step {step}; last checkpoint {last_checkpoint(args.run_dir)}; "
+                  "run the same command to resume", flush=True)
     finally:
         # Ends what this rank started, in one order: run log, metrics server and poller, the last
         # background checkpoint write, the process group, then the run-directory lock.
         npudist.shutdown()
     if interrupted:
-        if ctx.is_main:
-            print(f"interrupted at step {step}; last checkpoint {last_checkpoint(args.run_dir)}; "
-                  "run the same command to resume", flush=True)
         raise SystemExit(130)
 
 
