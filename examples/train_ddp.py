@@ -16,6 +16,8 @@ import argparse
 import hashlib
 import inspect
 import math
+import os
+import signal
 import time
 
 import torch
@@ -28,6 +30,19 @@ import npudist.telemetry
 from npudist import checkpoint
 from npudist.telemetry.job.run_log import open_run_log
 from npudist.telemetry.job.run_summary import RunSummary, checkpoint_lines
+
+
+def dump_flight_recorder(rank: int) -> None:
+    """Testing hang diagnosis against torch's flight recorder: with TORCH_FR_BUFFER_SIZE and
+    TORCH_FR_DUMP_TEMP_FILE set, a rank whose training failed writes its buffer where NCCL's dump-on-timeout
+    would (gloo has no watchdog that dumps), for ``python -m torch.distributed.flight_recorder.fr_trace``."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if not prefix or not os.environ.get("TORCH_FR_BUFFER_SIZE"):
+        return
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+    if dump is not None:
+        with open(f"{prefix}{rank}", "wb") as f:
+            f.write(dump())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,6 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --run-dir: write a straggler diagnosis after this many skewed windows in a row")
     p.add_argument("--slow-rank", type=int, default=-1, help="testing: this rank sleeps --slow-ms per step")
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--fault", choices=FAULTS, default=None,
+                   help="testing hang diagnosis: --fault-rank misbehaves at --fault-step (sigstop, sigkill: "
+                   "signals itself after its backward; sleep: sleeps between forward and backward; stall: "
+                   "sleeps before the forward; skip, mismatch: skips, or sends a wrong-sized, the per-step "
+                   "loss average that every rank runs when --fault is given)")
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--exchange-every", type=int, default=20, help="steps between cross-rank skew exchanges")
     p.add_argument("--global-batch-size", type=int, default=32, help="sequences per step over all ranks")
     p.add_argument("--seq-len", type=int, default=32)
@@ -67,6 +89,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 ACTIVATIONS = ("relu", "silu", "swish-op")
+FAULTS = ("sigstop", "sleep", "stall", "skip", "mismatch", "sigkill")
+FAULT_SLEEP_S = 3600.0
+
+
+def announce(args: argparse.Namespace, rank: int, step: int) -> None:
+    """The fault's line, with this rank's last collective as its hang watchdog records it."""
+    last = npudist.comm.progress() or {}
+    print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f} last={last.get('op')} "
+          f"#{last.get('seq')} {last.get('state')}", flush=True)
+
+
+def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
+    """--fault at its place in the step: ``where`` is start, backward or end."""
+    if args.fault is None or rank != args.fault_rank or step != args.fault_step:
+        return
+    at = {"stall": "start", "sleep": "backward", "sigstop": "end", "sigkill": "end"}.get(args.fault)
+    if at != where:
+        return
+    announce(args, rank, step)
+    if args.fault in ("sleep", "stall"):
+        time.sleep(FAULT_SLEEP_S)
+    else:
+        os.kill(os.getpid(), signal.SIGSTOP if args.fault == "sigstop" else signal.SIGKILL)
+
+
+def loss_average(args: argparse.Namespace, loss: torch.Tensor, step: int, rank: int) -> bool:
+    """With --fault, every rank averages the loss every step: the collective skip and mismatch break.
+
+    False: this rank skips it and stops training, as a rank whose data ran out a step early (a rank that
+    skipped one call and went on would have gloo abort a peer: "collective mismatch").
+    """
+    if args.fault is None:
+        return True
+    value = loss.detach().reshape(1).float()
+    if rank == args.fault_rank and step == args.fault_step and args.fault in ("skip", "mismatch"):
+        announce(args, rank, step)
+        if args.fault == "skip":
+            return False
+        value = torch.cat([value, value])
+    npudist.all_reduce(value, "avg")
+    return True
 
 
 def make_activation(name: str) -> str | nn.Module:
@@ -123,11 +186,16 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Name
     per_rank = args.global_batch_size // ctx.world_size
     batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
     mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
+    inject(args, step, ctx.rank, "start")
     logits = model(mine[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
+    inject(args, step, ctx.rank, "backward")
     loss.backward()
     opt.step()
+    inject(args, step, ctx.rank, "end")
+    if not loss_average(args, loss, step, ctx.rank):
+        raise StopIteration
     return loss
 
 
@@ -227,7 +295,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
-            loss = train_step(ddp, opt, args, step, ctx)
+            try:
+                loss = train_step(ddp, opt, args, step, ctx)
+            except StopIteration:  # --fault skip
+                break
+            except Exception:
+                dump_flight_recorder(ctx.rank)
+                raise
             if ctx.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000)
             seconds = end_step()

@@ -47,6 +47,8 @@ ALLOWED = {
     "npudist.ops.activations.swish": "custom operator defined in torch.library at import (torch's dispatcher is "
                                      "process-wide); its kernel table mirrors what is registered there",
     "npudist.ops.activations.swish_backward": "as swish",
+    "npudist.sim.state.SIM": "the simulated NPU's driver state (bytes held, collectives run, installed row): "
+                             "process-wide like the torch registries it plugs into, which outlive a Runtime",
     "npudist.report.svg._DEC": "decimal Context: precision and exponent range for axis ticks; only its unused "
                                "flags ever change",
 }

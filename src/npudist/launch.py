@@ -19,7 +19,15 @@ from types import MappingProxyType
 
 from npudist.accelerators import Accelerator
 from npudist.runtime.env import rank_info, torchrun_env
-from npudist.runtime.settings import ACCELERATOR_VAR, PORT_VAR, Settings, SettingsError
+from npudist.runtime.settings import (
+    ACCELERATOR_VAR,
+    PORT_VAR,
+    PROFILE_VAR,
+    SIMULATE_MODES,
+    SIMULATE_VAR,
+    Settings,
+    SettingsError,
+)
 
 
 class LaunchError(RuntimeError):
@@ -81,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument("--targets-file", default=None,
                        help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
                        "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")
+    group.add_argument("--simulate", default=None, metavar="|".join(SIMULATE_MODES),
+                       help="run every rank on the simulated Ascend NPU (npudist.sim) with a simulated hccl; "
+                       "npu:strict also enforces the hccl-strict rules. `import torch_npu` loads the simulation")
     for action in p._actions:  # torchrun's text offers gpu/cpu/xpu, which npudist answers itself
         action.help = _HELP.get(action.dest, action.help)
     p._optionals.title = "torchrun options (passed through to torchrun)"
@@ -90,7 +101,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--accelerator": 1})
+_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1,
+                          "--accelerator": 1})
 
 
 def accelerator_for(argv: Sequence[str]) -> Accelerator:
@@ -186,8 +198,16 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
     if not argv:
         raise LaunchError("give the training script to run: npudist launch [options] SCRIPT [ARGS]")
     ns, head, tail = _split(argv)
+    simulated = _simulation(ns.simulate, env)
+    if simulated:
+        from npudist.accelerators.vendors import SIMULATED_NPU
+
+        acc = Accelerator(SIMULATED_NPU)  # the ranks' accelerator; this process installs nothing
+        env = {**env, **simulated}
     if ns.mpi:
-        return _with_metrics(_plan_mpi(ns, head, tail, env), ns, env)
+        the_plan = _plan_mpi(ns, head, tail, env)
+        the_plan.env_updates.update(simulated)
+        return _with_metrics(the_plan, ns, env)
     head = _strip_ours(head)
     nproc = resolve_nproc(ns.nproc_per_node if _option_given(head, ("--nproc-per-node", "--nproc_per_node"))
                           else None, acc, env)
@@ -208,6 +228,7 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
         )
     the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc,
                           script=None if ns.module or ns.no_python else tail[0])
+    the_plan.env_updates.update(simulated)
     if ns.accelerator:
         the_plan.env_updates[ACCELERATOR_VAR] = ns.accelerator
     if nproc > 1 and OMP_VAR not in env:
@@ -218,6 +239,27 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
     return _with_metrics(the_plan, ns, env)
+
+
+def _simulation(value: str | None, env: Mapping[str, str]) -> dict[str, str]:
+    """The ranks' variables for ``--simulate MODE``: the mode, the ``torch_npu`` stand-in first on
+    PYTHONPATH, and under ``npu:strict`` the hccl-strict profile for npudist's own collectives (what a
+    user of a first-generation 910 sets) unless NPUDIST_COMM_PROFILE already says otherwise."""
+    if value is None:
+        return {}
+    mode = value.strip().lower()
+    if mode not in SIMULATE_MODES:
+        raise LaunchError(f"--simulate {value!r}: choose one of {', '.join(SIMULATE_MODES)}")
+    from pathlib import Path
+
+    import npudist.sim
+
+    stand_in = str(Path(npudist.sim.__file__).parent / "stand_in")
+    paths = [stand_in, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != stand_in]]
+    out = {SIMULATE_VAR: mode, "PYTHONPATH": os.pathsep.join(paths)}
+    if mode.endswith(":strict") and not env.get(PROFILE_VAR):
+        out[PROFILE_VAR] = "hccl-strict"
+    return out
 
 
 def _with_metrics(the_plan: LaunchPlan, ns: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:

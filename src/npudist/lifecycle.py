@@ -112,16 +112,12 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
         return rt.context
     info = rank_info(os.environ)
     acc = accelerator()
-    if acc.device_type != "cpu":
-        count = acc.device_count()
-        if info.local_rank >= count:
-            raise DistInitError(
-                f"local rank {info.local_rank} has no {acc.name} device: this node shows {count}. "
-                f"Start at most {count} ranks per node (--nproc-per-node) or check "
-                f"{acc.vendor.visible_devices_var or 'the visible-devices variable'}."
-            )
-    acc.set_device(info.local_rank)
-    device = acc.device(info.local_rank)
+    try:
+        index = acc.device_index(info.local_rank, info.local_world_size)
+    except ValueError as exc:
+        raise DistInitError(str(exc)) from None
+    acc.set_device(index)
+    device = acc.device(index)
     chosen = backend or acc.backend
     td = _timeout(timeout, rt.settings)
     if not dist.is_initialized():

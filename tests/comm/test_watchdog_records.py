@@ -14,7 +14,7 @@ from npudist.comm.state import state as comm_state
 from npudist.comm.watchdog import BadRecord, CollectiveHangError, Record, Watchdog, parse_record
 from npudist.comm.watched import watched
 
-GOOD = {"rank": 1, "seq": 3, "op": "all_reduce", "nbytes": 64, "state": "done", "wall_time": 1.0}
+GOOD = {"rank": 1, "seq": 3, "step": 2, "op": "all_reduce", "nbytes": 64, "state": "done", "wall_time": 1.0}
 
 
 @pytest.mark.parametrize(("raw", "words"), [
@@ -22,7 +22,7 @@ GOOD = {"rank": 1, "seq": 3, "op": "all_reduce", "nbytes": 64, "state": "done", 
     (json.dumps({**GOOD, "seq": True}), "seq"),
     (json.dumps({**GOOD, "wall_time": "yesterday"}), "wall_time"),
     (json.dumps({**GOOD, "op": 7, "nbytes": None}), "op, nbytes"),
-    ('{"rank": 1, "seq": 3, "op": "x", "nbytes": 1, "state": "done", "wall_time": NaN}', "wall_time"),
+    ('{"rank": 1, "seq": 3, "step": 0, "op": "x", "nbytes": 1, "state": "done", "wall_time": NaN}', "wall_time"),
     (json.dumps({**GOOD, "extra": 1}), "expected an object"),
     (json.dumps([GOOD]), "expected an object"),
     ('{"seq": ' + "9" * 5000 + "}", "not JSON"),

@@ -12,6 +12,6 @@ npudist.comm.set_run_dir(sys.argv[1])
 t = torch.ones(1000)
 for i in range(1, 6):
     if ctx.rank == 2 and i == 5:
-        time.sleep(120)  # stuck: the others must not wait for this
+        time.sleep(600)  # stuck: the others must not wait for this
     npudist.all_reduce(t)
 npudist.shutdown()

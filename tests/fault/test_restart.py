@@ -196,10 +196,10 @@ def test_elastic_job_survives_a_node_leaving_and_takes_it_back(tmp_path):
 def test_a_rank_that_skips_a_collective_is_named_and_nothing_is_left_running(tmp_path):
     start = time.monotonic()
     done = run_npudist(["launch", "--nproc-per-node", "3", str(REPO / "tests/fault/skip_probe.py"), str(tmp_path)],
-                       env=child_env({"NPUDIST_TIMEOUT": "4"}), timeout=120)
+                       env=child_env({"NPUDIST_TIMEOUT": "4"}), timeout=300)
     elapsed = time.monotonic() - start
     assert done.returncode != 0
-    assert elapsed < 60  # the 4 s collective timeout ended it, not rank 2's 120 s sleep
+    assert elapsed < 200  # the 4 s collective timeout ended it, not rank 2's 600 s sleep (start-up may be slow)
     text = done.stdout + done.stderr
     assert "CollectiveHangError" in text and "all_reduce #5" in text
     assert "rank(s) 2 never reached it" in text and "rank 2: last all_reduce #4 (done" in text

@@ -72,7 +72,9 @@ def test_fixed_ddp_tutorial_trains_on_two_cpu_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fixed_nanogpt_trains_on_two_cpu_ranks_with_falling_loss(tmp_path: Path) -> None:
+@pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
+def test_fixed_nanogpt_trains_on_two_ranks_with_falling_loss(tmp_path: Path, simulate: str | None) -> None:
+    """On CPU + gloo, and on the simulated NPU behind its simulated hccl (device tensors only)."""
     work = _fixed_copy(CORPUS / "nanogpt", tmp_path / "nanogpt")
     (work / "data" / "tiny").mkdir(parents=True)
     tokens = np.tile(np.arange(16, dtype=np.uint16), 2000)  # a cycle: learnable in a few steps
@@ -82,7 +84,9 @@ def test_fixed_nanogpt_trains_on_two_cpu_ranks_with_falling_loss(tmp_path: Path)
             "--n_embd=32", "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=2",
             "--max_iters=6", "--eval_interval=100", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0",
             "--learning_rate=1e-2", "--out_dir=out"]
-    r = run_npudist(["launch", "--nproc-per-node", "2", "train.py", *args], cwd=work, env=child_env(), timeout=240)
+    sim = ["--simulate", simulate] if simulate else []
+    r = run_npudist(["launch", *sim, "--nproc-per-node", "2", "train.py", *args], cwd=work, env=child_env(),
+                    timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     losses = [float(x) for x in re.findall(r"iter \d+: loss ([\d.]+)", r.stdout)]
     assert len(losses) == 7, r.stdout

@@ -20,10 +20,12 @@ def test_settings_parse_every_variable_into_its_type():
         "NPUDIST_COMM_DEBUG": "yes", "NPUDIST_COMM_SYNC_TIMING": "0", "NPUDIST_RUN_DIR": "/runs/a",
         "NPUDIST_WATCHDOG_OFF": "1", "NPUDIST_METRICS_PORT": "9400", "NPUDIST_METRICS_HOST": "0.0.0.0",
         "NPUDIST_CPU_NPROC": "3", "NPUDIST_SYSFS_ROOT": "/fake", "NPUDIST_NODE_NAME": "node-7",
+        "NPUDIST_HANG_TIMEOUT": "30", "NPUDIST_HANG_ACTION": "Report",
     })
     assert s == Settings(accelerator="npu", timeout_s=90.5, comm_profile="hccl-strict", comm_debug=True,
                          sync_timing=False, run_dir="/runs/a", watchdog=False, metrics_port=9400,
-                         metrics_host="0.0.0.0", cpu_nproc=3, sysfs_root="/fake", node_name="node-7")
+                         metrics_host="0.0.0.0", cpu_nproc=3, sysfs_root="/fake", node_name="node-7",
+                         hang_timeout_s=30.0, hang_action="report")
     assert Settings.from_env({}) == Settings()
     assert Settings.from_env({"NPUDIST_TIMEOUT": " ", "NPUDIST_METRICS_PORT": ""}) == Settings()
 
@@ -47,6 +49,9 @@ def test_settings_parse_every_variable_into_its_type():
     ("NPUDIST_TIMEOUT", "0", "must be a positive number of seconds"),
     ("NPUDIST_METRICS_PORT", "70000", "NPUDIST_METRICS_PORT='70000': not a port number; give the base port"),
     ("NPUDIST_METRICS_PORT", "\u0669", "is not a port number"),  # Arabic-Indic 9
+    ("NPUDIST_HANG_TIMEOUT", "inf", "NPUDIST_HANG_TIMEOUT='inf' is not a number of seconds"),
+    ("NPUDIST_HANG_TIMEOUT", "0", "must be a positive number of seconds"),
+    ("NPUDIST_HANG_ACTION", "kill", "NPUDIST_HANG_ACTION='kill': choose one of abort, report, off"),
 ])
 def test_a_malformed_variable_is_named_with_what_to_put_there(var, value, says):
     with pytest.raises(SettingsError, match=says):

@@ -64,6 +64,8 @@ def test_issue_metric_names_are_all_catalogued():
         # issue 26: edge inference (latency histogram and failures per rank, the NPU core mask in use)
         "npudist_edge_inference_duration_seconds", "npudist_edge_inference_failures_total",
         "npudist_edge_runtime_info",
+        # issue 20: hangs
+        "npudist_hang_stall_seconds",
         # issue 24: what the training loop reports
         "npudist_training_loss", "npudist_training_samples_per_second"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)

@@ -58,6 +58,24 @@ class Accelerator:
             return 1
         return int(self._module().device_count())
 
+    def device_index(self, local_rank: int, local_world_size: int) -> int:
+        """The device index of a local rank: the local rank when the process sees every device of its
+        node, 0 when it sees one (a visible-devices variable set per rank, e.g.
+        ``ASCEND_RT_VISIBLE_DEVICES=<local rank>``, and always on the simulated NPU). Anything else is
+        ambiguous and refused (ValueError naming the count)."""
+        if self.device_type == "cpu":
+            return 0
+        count = self.device_count()
+        if local_rank < count:
+            return local_rank
+        if count == 1:
+            return 0
+        raise ValueError(
+            f"local rank {local_rank} has no {self.name} device: this process sees {count} of them. Start at "
+            f"most {count} ranks per node (--nproc-per-node), or give each rank one device through "
+            f"{self.vendor.visible_devices_var or 'the visible-devices variable'}."
+        )
+
     def set_device(self, index: int) -> None:
         if self.device_type == "cpu":
             return

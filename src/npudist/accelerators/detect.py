@@ -24,11 +24,12 @@ def get(name: str) -> Accelerator:
 
 
 def accelerator() -> Accelerator:
-    """The best available accelerator (npu, cuda, mlu, rknpu, cpu), or the one NPUDIST_ACCELERATOR names."""
+    """The best available accelerator (npu, cuda, mlu, rknpu, cpu), or the one NPUDIST_ACCELERATOR names,
+    or the simulated NPU under NPUDIST_SIMULATE."""
     rt = current()
     acc = rt.accelerator
     if acc is None:
-        acc = rt.accelerator = _detect(rt.settings.accelerator)
+        acc = rt.accelerator = _detect(rt.settings.forced_accelerator)
     return acc
 
 

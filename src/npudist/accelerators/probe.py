@@ -43,6 +43,11 @@ def _probe(vendor: Vendor) -> str | None:
         reason = _import_reason(vendor.module)
         if reason:
             return reason
+    if vendor.activate is not None:
+        module, _, function = vendor.activate.partition(":")
+        reason = getattr(importlib.import_module(module), function)()
+        if reason:
+            return reason
     if vendor.board_probe is not None:
         return vendor.board_probe()
     if vendor.device_type == "cpu":

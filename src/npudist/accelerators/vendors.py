@@ -35,6 +35,12 @@ class Vendor:
     """Extra availability check for boards torch cannot see; returns why it is absent, or None."""
     runtime_setup: str | None = None
     """What makes the vendor runtime loadable when ``module`` is installed but fails to import."""
+    activate: str | None = None
+    """``module:function`` that makes the device exist in this process (the simulated NPU installs
+    itself) and returns why it could not, or None. Named, not imported, like ``module``."""
+    simulated: bool = False
+    """The device is npudist's simulation (npudist.sim), not hardware: never picked by detection, only
+    by NPUDIST_SIMULATE / ``npudist launch --simulate``."""
 
 
 def _rknpu_probe() -> str | None:
@@ -64,4 +70,10 @@ VENDORS: tuple[Vendor, ...] = (
     Vendor("cpu", "cpu", None, "gloo", None, "cpu", False, None, default_nproc=2),
 )
 
-BY_NAME: Mapping[str, Vendor] = MappingProxyType({v.name: v for v in VENDORS})
+# The simulated Ascend NPU (npudist.sim): the npu row's device type and backend, one visible chip per
+# process as with ASCEND_RT_VISIBLE_DEVICES=<local rank>, 2 ranks for `--nproc-per-node auto` so a laptop
+# runs it; never detected, only chosen by NPUDIST_SIMULATE.
+SIMULATED_NPU = Vendor("npu-sim", "npu", None, "hccl", "ASCEND_RT_VISIBLE_DEVICES", "sim", False, None,
+                       default_nproc=2, activate="npudist.sim:activate", simulated=True)
+
+BY_NAME: Mapping[str, Vendor] = MappingProxyType({v.name: v for v in (*VENDORS, SIMULATED_NPU)})

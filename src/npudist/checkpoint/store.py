@@ -9,7 +9,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -64,7 +66,7 @@ def _distributed() -> bool:
 
 
 # errno -> (what happened, how to fix it), for the failures a checkpoint write meets in practice.
-_WRITE_ERRORS: dict[int, tuple[str, str]] = {
+_WRITE_ERRORS: Mapping[int, tuple[str, str]] = MappingProxyType({
     errno.ENOSPC: ("no space left on the device holding {root}",
                    "free space there, lower keep=, or point the run directory at a larger disk"),
     errno.EDQUOT: ("disk quota exceeded on {root}", "free space in your quota, lower keep=, or use another disk"),
@@ -75,7 +77,7 @@ _WRITE_ERRORS: dict[int, tuple[str, str]] = {
     errno.EPERM: ("permission denied writing to {root}",
                   "make the run directory writable by this user, or choose another one"),
     errno.EROFS: ("{root} is on a read-only filesystem", "choose a run directory on a writable filesystem"),
-}
+})
 
 
 def _os_error_in(exc: BaseException) -> OSError | None:

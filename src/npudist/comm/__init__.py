@@ -9,6 +9,8 @@ from npudist.comm.handshake import MismatchError
 from npudist.comm.recorder import DURATION_BUCKETS, CommStats, OpStats
 from npudist.comm.state import (
     active_constraints,
+    hang_stall_seconds,
+    progress,
     reset_stats,
     set_debug,
     set_profile,
@@ -42,7 +44,9 @@ __all__ = [
     "all_reduce_many",
     "broadcast",
     "describe",
+    "hang_stall_seconds",
     "profile",
+    "progress",
     "reduce_scatter",
     "reset_stats",
     "set_debug",

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from npudist.comm import context
+from npudist.comm.buffers import aligned_empty
 from npudist.comm.state import state
 
 log = logging.getLogger("npudist.comm")
@@ -106,10 +108,18 @@ def gather_rows(row: list[float], group: Any = None) -> tuple[list[list[float]],
     """Every rank's ``row`` (equal lengths, float32 on the wire), by rank, and this rank's index."""
     if not distributed():
         return [list(row)], 0
-    mine = torch.tensor(row, dtype=torch.float32, device=device(group))
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    # The row's element-count multiple and alignment (hccl-strict: 128 elements, 128 bytes) hold for each
+    # buffer, as for any adapted collective: padded with zeros, read back without the padding.
+    c = context.get(group).constraints
+    n = len(row)
+    padded = -(-max(n, 1) // c.element_multiple) * c.element_multiple
+    dev = device(group)
+    mine = aligned_empty(padded, torch.float32, dev, c.alignment_bytes)
+    mine.zero_()
+    mine[:n] = torch.tensor(row, dtype=torch.float32)
+    out = [aligned_empty(padded, torch.float32, dev, c.alignment_bytes) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, mine, group=group)
-    return [t.cpu().tolist() for t in out], dist.get_rank(group)
+    return [t[:n].cpu().tolist() for t in out], dist.get_rank(group)
 
 
 def barrier(timeout: timedelta, group: Any = None) -> None:

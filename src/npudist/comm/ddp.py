@@ -20,10 +20,13 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from npudist import comm
 from npudist.comm import context
+from npudist.comm.state import state
+from npudist.comm.watched import communication_failure
 
 _task_id = getattr(torch._C, "_current_graph_task_id", None)
 
@@ -83,9 +86,37 @@ def _hook(sync: GradientSync, bucket):  # DDP checks these annotations: they mus
 
 
 class _NpudistDDP(DistributedDataParallel):
-    """DistributedDataParallel whose register_comm_hook replaces npudist's hook (torch allows one)."""
+    """DistributedDataParallel whose register_comm_hook replaces npudist's hook (torch allows one), and whose
+    forward-time collectives are numbered for hang diagnosis."""
 
     _npudist_sync: GradientSync
+
+    def _pre_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        # DDP talks over the group itself before the forward: the bucket rebuild after the first step
+        # (reducer._rebuild_buckets broadcasts the new layout), buffer broadcasts, join notifications. They
+        # go through torch.distributed directly, so the whole pre-forward takes one collective number as
+        # "ddp_forward": a rank that stalls between steps leaves the others waiting in a numbered call.
+        # Only a forward that can communicate takes a number (with gradients, or syncing buffers, or under
+        # join): one rank evaluating alone under no_grad must not shift its numbers from the others'.
+        sync_bufs = getattr(self, "_check_sync_bufs_pre_fwd", None)
+        join = getattr(getattr(self, "_join_config", None), "enable", False)
+        if not (torch.is_grad_enabled() or join or (sync_bufs is not None and sync_bufs())):
+            return super()._pre_forward(*inputs, **kwargs)
+        watchdog = state().watchdog
+        seq = watchdog.enter("ddp_forward", 0)
+        if torch.is_grad_enabled():
+            watchdog.step_started()
+        try:
+            out = super()._pre_forward(*inputs, **kwargs)
+        except (RuntimeError, dist.DistError) as exc:
+            if not communication_failure(exc):
+                raise
+            err = watchdog.diagnose("ddp_forward", seq, 0, exc)
+            if err is None:
+                raise
+            raise err from exc
+        watchdog.done(seq)
+        return out
 
     def register_comm_hook(self, state: object, hook: Callable) -> None:
         self._check_comm_hook(hook)
@@ -133,8 +164,6 @@ def _copy_rank0_states(model: torch.nn.Module, group: Any) -> None:
     DDP would broadcast them with torch.distributed directly (``_sync_module_states``), which a backend row
     may reject (bf16 under hccl-strict); the same tensors, skipping those DDP is told to ignore, go here.
     """
-    import torch.distributed as dist
-
     ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
     src = dist.get_global_rank(group, 0) if group is not None else 0
     with torch.no_grad():

@@ -14,10 +14,11 @@ from typing import Any
 from npudist.comm import constraints as _constraints
 from npudist.comm.buffers import BufferPool, LayoutCache
 from npudist.comm.constraints import Constraints
+from npudist.comm.hang_reader import HangReader
 from npudist.comm.recorder import CommStats, Recorder
 from npudist.comm.watchdog import Watchdog
 from npudist.runtime.settings import Settings
-from npudist.runtime.state import Runtime, current
+from npudist.runtime.state import Runtime, current, peek
 
 
 class CommState:
@@ -31,7 +32,9 @@ class CommState:
         self.profile: str | None = None
         """set_profile(): overrides Settings.comm_profile while not None."""
         self.recorder = Recorder()
-        self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog)
+        self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog,
+                                 hang_timeout_s=settings.hang_timeout_s, hang_action=settings.hang_action,
+                                 reader_factory=HangReader)
         self.pool = BufferPool()
         self.layouts = LayoutCache()
         self.side_group: object | None = None
@@ -100,3 +103,18 @@ def reset_stats() -> None:
 def set_run_dir(path: str | os.PathLike | None) -> None:
     """Where hang reports are written (default: NPUDIST_RUN_DIR)."""
     state().watchdog.run_dir = str(path) if path else None
+
+
+def progress() -> dict[str, object] | None:
+    """This rank's hang-watchdog record (collective number, op, bytes, state, step), or None before the
+    first collective: what rank 0's hang verdict will say about this rank."""
+    rec = state().watchdog.record
+    return dict(vars(rec)) if rec is not None else None
+
+
+def hang_stall_seconds() -> float | None:
+    """Seconds since any rank's last collective progress, as this rank's hang reader saw it at its last
+    read; None on ranks without the reader (all but rank 0) or before its first read."""
+    rt = peek()  # a scrape never starts a Runtime
+    reader = rt.comm.watchdog.reader if rt is not None and rt.comm is not None else None
+    return reader.stalled_s if reader is not None else None

@@ -1,14 +1,24 @@
-"""Hang diagnosis: which rank stopped before which collective.
+"""Hang diagnosis: which rank stopped before which collective, named in seconds.
 
-Every npudist collective takes a per-rank sequence number. The calling thread only updates a small
-record (op, sequence number, bytes, state); a daemon thread publishes it to the c10d store of the
-job every ``interval`` seconds when it changed, so the hot path pays no network round trip. When a
-collective fails (a timeout, a peer gone), the failing rank reads every rank's record and raises
-CollectiveHangError naming the op, its sequence number and the ranks that had and had not reached
-it, and writes the same as JSON into the run directory (``NPUDIST_RUN_DIR`` or set_run_dir()).
+Every npudist collective (and DDP's own forward-time collectives, ddp.py) takes a per-rank sequence
+number. The calling thread only updates a small record (op, sequence number, bytes, state, step); a
+daemon thread, the rank's watchdog, does all the store traffic once per ``PUBLISH_INTERVAL_S``: it
+publishes the record when it changed (one ``set``), polls the job's control counter (one ``add``), and
+on rank 0 runs the job's one hang reader (hang_reader.py: one ``multi_get`` of every record). So a rank
+makes at most 2 store requests a second and the job's diagnosis costs O(N) requests, through the store
+client the process group already holds (no extra connection per rank).
+
+The control counter carries two requests from the reader: a probe (the suspects' watchdog threads answer
+with their main thread's Python stack, which proves them alive) and, after a verdict with
+NPUDIST_HANG_ACTION=abort, the order to exit with HANG_EXIT_CODE so that a launcher restarts the job.
+
+When a collective fails (a timeout, a peer gone) the failing rank raises CollectiveHangError naming the
+op, its sequence number and the ranks that had and had not reached it: rank 0 from its reader's verdict,
+the others from that verdict when it arrives in time, else from one ``multi_get`` of every record; the
+report goes to the run directory (``NPUDIST_RUN_DIR`` or set_run_dir()).
 
 The CommState owns the one Watchdog of a process and closes it with the Runtime (see Runtime.close for
-why the publisher must be joined before the process group goes). watched.py numbers the calls.
+why the thread must be joined before the process group goes). watched.py numbers the calls.
 """
 
 from __future__ import annotations
@@ -17,8 +27,11 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +41,16 @@ from typing import Any
 import torch.distributed as dist
 
 log = logging.getLogger("npudist.comm")
-PUBLISH_INTERVAL_S = 0.5
+PUBLISH_INTERVAL_S = 1.0
+"""The watchdog thread's period: one record publish and one control poll per period at most."""
+HANG_EXIT_CODE = 124
+"""Exit status of a rank aborted after a hang verdict (timeout(1)'s "timed out")."""
+ABORT_STEP = 1_000_000
+"""Added to the control counter to order an abort; smaller increments are probes."""
+STACK_CHARS = 4000
+"""A probed rank's stack is cut to its innermost frames within this many characters."""
+VERDICT_WAIT_S = 6.0
+"""How long a failing rank other than 0 waits for rank 0's verdict before judging from the records."""
 
 
 class CollectiveHangError(RuntimeError):
@@ -43,10 +65,12 @@ class CollectiveHangError(RuntimeError):
 class Record:
     rank: int
     seq: int = 0
+    step: int = 0
+    """DDP forward passes with gradients so far (ddp.py): the rank's training step."""
     op: str = ""
     nbytes: int = 0
     state: str = "idle"
-    """entered (waiting inside the collective) or done."""
+    """entered (waiting inside the collective), done, or closed (npudist.shutdown() ran after it)."""
     wall_time: float = 0.0
 
 
@@ -58,7 +82,7 @@ class BadRecord:
 
 
 _FIELD_TYPES = MappingProxyType(
-    {"rank": int, "seq": int, "op": str, "nbytes": int, "state": str, "wall_time": (int, float)})
+    {"rank": int, "seq": int, "step": int, "op": str, "nbytes": int, "state": str, "wall_time": (int, float)})
 
 
 def parse_record(raw: bytes | str, rank: int) -> Record | BadRecord:
@@ -80,9 +104,57 @@ def parse_record(raw: bytes | str, rank: int) -> Record | BadRecord:
 Records = dict[int, "Record | BadRecord | None"]
 
 
-def _key(rank: int) -> str:
+def _attempt() -> str:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _key(rank: int | str) -> str:
     # A restarted job (torchrun --max-restarts) must not read records of the previous attempt.
-    return f"npudist/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+    return f"npudist/watchdog/{_attempt()}/{rank}"
+
+
+# The reader's keys, beside the records: the control counter, the probe's suspects, the answers of one
+# probe, a rank's stack, and the verdict.
+def ctl_key() -> str:
+    return _key("ctl")
+
+
+def want_key() -> str:
+    return _key("want")
+
+
+def answers_key(gen: int) -> str:
+    return _key(f"answers/{gen}")
+
+
+def stack_key(rank: int) -> str:
+    return _key(f"stack/{rank}")
+
+
+def verdict_key() -> str:
+    return _key("verdict")
+
+
+def main_stack() -> str:
+    """The main thread's Python stack, innermost frames last, cut to STACK_CHARS."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    if frame is None:
+        return ""
+    text = "".join(traceback.format_stack(frame))
+    return text[-STACK_CHARS:]
+
+
+def shared_store() -> Any:
+    """The process group's own store client (TCPStore behind prefixes), or None.
+
+    One client per rank is enough: the TCPStore client serialises its requests internally, and the
+    watchdog only issues calls that return at once (set, add, append, and gets of keys known to exist).
+    """
+    get = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return get() if get is not None and dist.is_initialized() else None
+    except (RuntimeError, ValueError):
+        return None
 
 
 def reached(records: Records, seq: int) -> tuple[list[int], list[int]]:
@@ -110,15 +182,24 @@ def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause:
 
 
 class Watchdog:
-    def __init__(self, run_dir: str | None = None, enabled: bool = True) -> None:
+    def __init__(self, run_dir: str | None = None, enabled: bool = True, hang_timeout_s: float | None = None,
+                 hang_action: str = "abort", reader_factory: Callable[[Watchdog, int], Any] | None = None) -> None:
         self.enabled = enabled
         """False (NPUDIST_WATCHDOG_OFF): calls are neither numbered nor published."""
         self.record: Record | None = None
+        self.hang_timeout_s = hang_timeout_s
+        self.hang_action = hang_action
+        """abort, report or off (NPUDIST_HANG_ACTION)."""
+        self.reader: Any = None
+        """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
+        self.reader_factory = reader_factory
+        """Builds the reader from (this watchdog, world size); the CommState passes HangReader."""
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Any = None
-        self._lock = threading.Lock()
+        self._ctl_seen = 0
+        self._failures = 0
         self.run_dir = run_dir
         """Where hang reports are written (None: nowhere)."""
 
@@ -129,8 +210,10 @@ class Watchdog:
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return None
             self.record = Record(rank=dist.get_rank())
+            if self.record.rank == 0 and self.hang_action != "off" and self.reader_factory is not None:
+                self.reader = self.reader_factory(self, dist.get_world_size())
             self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._publish_loop, args=(self._stop,), name="npudist-watchdog",
+            self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="npudist-watchdog",
                                             daemon=True)
             self._thread.start()
         return self.record
@@ -156,14 +239,21 @@ class Watchdog:
             if not self._dirty.is_set():
                 self._dirty.set()
 
+    def step_started(self) -> None:
+        """A training step began (DDP's forward with gradients): counted in the record."""
+        rec = self.record
+        if rec is not None:
+            rec.step += 1
+
     def _connect(self) -> Any:
         if self._store is None:
-            addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-            if not addr or not port:
-                return None
-            # Our own client connection: the process group's store is not shared with another thread.
-            self._store = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=10),
-                                        wait_for_workers=False)
+            self._store = shared_store()
+            if self._store is None:  # a group made without a store we can reach: our own client
+                addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+                if not addr or not port:
+                    return None
+                self._store = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=10),
+                                            wait_for_workers=False)
         return self._store
 
     def _publish(self) -> None:
@@ -171,50 +261,121 @@ class Watchdog:
         store = self._connect()
         if rec is None or store is None:
             return
-        with self._lock:
-            store.set(_key(rec.rank), json.dumps(asdict(rec)))
+        store.set(_key(rec.rank), json.dumps(asdict(rec)))
 
-    def _publish_loop(self, stop: threading.Event) -> None:
-        while True:
-            self._dirty.wait()
+    def _poll(self) -> None:
+        """One ``add(ctl, 0)``: answer a new probe naming this rank, or exit on an abort order."""
+        rec, store = self.record, self._connect()
+        if rec is None or store is None:
+            return
+        value = int(store.add(ctl_key(), 0))
+        if value == self._ctl_seen:
+            return
+        self._ctl_seen = value
+        if value >= ABORT_STEP and rec.rank != 0:
+            self._abort(f"rank {rec.rank}: rank 0 found the job hung (its verdict is in its log and "
+                        f"{self.run_dir or 'NPUDIST_RUN_DIR'}); exiting so that the launcher restarts the job")
+        gen = value % ABORT_STEP
+        if gen and self.reader is None:
+            wanted = store.get(want_key()).decode()
+            if str(rec.rank) in wanted.split(","):
+                store.set(stack_key(rec.rank), main_stack())
+                store.append(answers_key(gen), f"{rec.rank},")
+
+    def _abort(self, message: str) -> None:
+        print(f"npudist: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(HANG_EXIT_CODE)
+
+    def _loop(self, stop: threading.Event) -> None:
+        # A change is published as soon as it happens if the last publish is a period old, else at the end
+        # of that period (a stopped rank's record lags by at most one period); the control counter is
+        # polled and the reader ticks once per period.
+        last_publish = next_poll = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            wake = next_poll if self._dirty.is_set() else min(next_poll, now + PUBLISH_INTERVAL_S)
+            if self._dirty.is_set():
+                wake = min(wake, last_publish + PUBLISH_INTERVAL_S)
+                if wake > now:
+                    stop.wait(wake - now)
+            else:
+                self._dirty.wait(max(0.0, wake - now))
             if stop.is_set():
                 return
-            self._dirty.clear()
+            now = time.monotonic()
             try:
-                self._publish()
+                if self._dirty.is_set() and now >= last_publish + PUBLISH_INTERVAL_S:
+                    self._dirty.clear()
+                    last_publish = now
+                    self._publish()
+                if now >= next_poll:
+                    next_poll = now + PUBLISH_INTERVAL_S
+                    self._poll()
+                    if self.reader is not None:
+                        self.reader.tick()
             except Exception as exc:  # the watchdog must never take the job down
-                log.debug("watchdog publish failed: %s", exc)
-            if stop.wait(PUBLISH_INTERVAL_S):
-                return
+                (log.debug if self._failures else log.warning)(
+                    "npudist watchdog: store call failed (%s: %s); hang diagnosis may be late",
+                    type(exc).__name__, exc)
+                self._failures += 1
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop and join the publisher and drop the store connection; the next collective starts afresh.
+        """Stop and join the thread and drop the store client; the next collective starts afresh.
 
-        Safe to call twice. A publisher stuck in a store call longer than ``timeout_s`` is left behind.
+        Safe to call twice. A thread stuck in a store call longer than ``timeout_s`` is left behind.
         """
         thread, self._thread = self._thread, None
+        rec, store = self.record, self._store
+        if thread is not None and rec is not None and store is not None:
+            # Where this rank stopped, for the others' verdict (it may leave a step early).
+            try:
+                rec.state, rec.wall_time = "closed", time.time()
+                store.set(_key(rec.rank), json.dumps(asdict(rec)))
+            except Exception as exc:
+                log.debug("watchdog: last record not published: %s", exc)
         self.record = None
+        self.reader = None
         self._stop.set()
         self._dirty.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
             if thread.is_alive():
-                log.warning("npudist watchdog publisher did not stop within %.0f s", timeout_s)
+                log.warning("npudist watchdog thread did not stop within %.0f s", timeout_s)
         self._store = None
+        self._ctl_seen = 0
         self._dirty.clear()
 
     def records(self) -> Records:
+        """Every rank's record: one ``multi_get`` when every key exists (one ``check``), else key by key."""
         store = self._connect()
+        world = dist.get_world_size()
+        keys = [_key(r) for r in range(world)]
+        if store is None:
+            return dict.fromkeys(range(world))
+        try:
+            if store.check(keys):
+                return {r: parse_record(raw, r) if raw else None for r, raw in enumerate(store.multi_get(keys))}
+        except Exception as exc:
+            log.debug("watchdog multi_get failed: %s", exc)
         out: Records = {}
-        for r in range(dist.get_world_size()):
+        for r, key in enumerate(keys):
             try:
-                with self._lock:
-                    present = store is not None and store.check([_key(r)])
-                    raw = store.get(_key(r)) if present else None
+                raw = store.get(key) if store.check([key]) else None
                 out[r] = parse_record(raw, r) if raw else None
             except Exception:
                 out[r] = None
         return out
+
+    def _verdict_from_rank0(self) -> dict[str, Any] | None:
+        store = self._connect()
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        while store is not None and time.monotonic() < deadline:
+            if store.check([verdict_key()]):
+                doc = json.loads(store.get(verdict_key()))
+                return doc if isinstance(doc, dict) else None
+            time.sleep(PUBLISH_INTERVAL_S / 2)
+        return None
 
     def diagnose(self, op: str, seq: int, nbytes: int, exc: BaseException) -> CollectiveHangError | None:
         """The hang report for ``exc``, or None (the caller re-raises ``exc``): a diagnosis that fails
@@ -222,29 +383,38 @@ class Watchdog:
         rec = self.record
         if rec is None or seq == 0:
             return None
+        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         try:
             self._publish()  # others must see that this rank reached it, even if the thread is asleep
-            time.sleep(PUBLISH_INTERVAL_S * 2)  # and give theirs time to arrive
+            verdict = None
+            if self.reader is not None:
+                verdict = self.reader.judge_now(cause)
+            elif rec.rank != 0 and self.hang_action != "off":
+                verdict = self._verdict_from_rank0()
+            if verdict is None:
+                time.sleep(PUBLISH_INTERVAL_S * 2)  # give the others' records time to arrive
             records = self.records()
         except Exception as store_exc:
             log.warning("hang diagnosis could not read the store: %s", store_exc)
             return None
         records[rec.rank] = rec
         try:
-            return self._report(op, seq, nbytes, rec, records, exc)
+            return self._report(op, seq, nbytes, rec, records, cause, verdict)
         except Exception as report_exc:
             log.warning("hang diagnosis failed (%s: %s); raising the collective's own error",
                         type(report_exc).__name__, report_exc)
             return None
 
-    def _report(self, op: str, seq: int, nbytes: int, rec: Record, records: Records,
-                exc: BaseException) -> CollectiveHangError:
-        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    def _report(self, op: str, seq: int, nbytes: int, rec: Record, records: Records, cause: str,
+                verdict: dict[str, Any] | None) -> CollectiveHangError:
         message = describe(op, seq, nbytes, rec.rank, records, cause)
         ok, missing = reached(records, seq)
         report = {"op": op, "seq": seq, "bytes": nbytes, "rank": rec.rank, "cause": cause, "reached": ok,
                   "not_reached": missing, "ranks": {str(r): _as_json(v) for r, v in records.items()},
                   "time": time.time()}
+        if isinstance(verdict, dict) and isinstance(verdict.get("line"), str):
+            message += f" Rank 0's verdict: {verdict['line']}"
+            report["verdict"] = verdict
         if self.run_dir:
             try:
                 path = Path(self.run_dir) / f"hang-rank{rec.rank}.json"

@@ -45,7 +45,7 @@ class _WatchedHandle:
         try:
             out = self._inner.wait(timeout) if timeout is not None else self._inner.wait()
         except (RuntimeError, dist.DistError) as exc:
-            if not _communication_failure(exc):
+            if not communication_failure(exc):
                 raise
             err = self._watchdog.diagnose(self._op, self._seq, self._nbytes, exc)
             if err is None:
@@ -67,7 +67,7 @@ def _nbytes(args: tuple, kwargs: dict) -> int:
     return _size(first)
 
 
-def _communication_failure(exc: BaseException) -> bool:
+def communication_failure(exc: BaseException) -> bool:
     """Timeouts and lost peers come as torch's DistError or a plain RuntimeError from the backend; our
     own errors (MismatchError, TypeError, ValueError) already say what is wrong and pass through."""
     return isinstance(exc, dist.DistError) or type(exc) is RuntimeError
@@ -84,7 +84,7 @@ def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             out = fn(*args, **kwargs)
         except (RuntimeError, dist.DistError) as exc:
-            if not _communication_failure(exc):
+            if not communication_failure(exc):
                 raise
             err = watchdog.diagnose(op, seq, nbytes, exc)
             if err is None:

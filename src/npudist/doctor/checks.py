@@ -74,17 +74,54 @@ def torch_version(host: Host) -> CheckResult:
     return CheckResult("torch", OK, f"torch {v}{extra}")
 
 
+def _simulating(host: Host) -> str | None:
+    """The NPUDIST_SIMULATE mode when this process's NPU is npudist's simulation (npudist.sim)."""
+    from npudist.runtime.settings import SIMULATE_VAR
+
+    return host.env.get(SIMULATE_VAR, "").strip().lower() or None
+
+
+def _stand_in(module: str = "torch_npu") -> bool:
+    """Whether ``module`` on this path is npudist's stand-in (``npudist launch --simulate``), not the vendor's."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and "stand_in" in Path(spec.origin or "").parts
+
+
+@check("simulation")
+def simulation(host: Host) -> CheckResult:
+    from npudist.runtime.settings import SIMULATE_MODES, SIMULATE_VAR
+
+    mode = _simulating(host)
+    if mode is None:
+        return CheckResult("simulation", SKIP, "real hardware only (NPUDIST_SIMULATE unset)")
+    if mode not in SIMULATE_MODES:
+        return CheckResult("simulation", FAIL, f"{SIMULATE_VAR}={mode!r} is not a simulation mode",
+                           f"choose one of {', '.join(SIMULATE_MODES)} or unset it")
+    from npudist.sim import MODES
+
+    return CheckResult("simulation", WARN, f"simulated NPU ({mode}): device npu and backend hccl are npudist.sim, "
+                       f"enforcing the {MODES[mode]} row; nothing here runs on Ascend hardware or CANN",
+                       f"unset {SIMULATE_VAR} to use real devices")
+
+
 @check("accelerators")
 def accelerators(host: Host) -> list[CheckResult]:
     from npudist.accelerators import VENDORS, why_unavailable
 
     forced = host.env.get("NPUDIST_ACCELERATOR", "").strip().lower()
     out = []
+    if _simulating(host):
+        from npudist.accelerators.vendors import SIMULATED_NPU
+
+        reason = why_unavailable(SIMULATED_NPU)
+        out.append(CheckResult("accelerator:npu-sim", OK if reason is None else FAIL,
+                               reason or "npu-sim available (simulated; backend hccl over gloo)"))
     for vendor in VENDORS:
         name = f"accelerator:{vendor.name}"
         reason = why_unavailable(vendor)
         if reason is None:
-            out.append(CheckResult(name, OK, f"{vendor.name} available (backend {vendor.backend})"))
+            simulated = "simulated: " if vendor.module and _stand_in(vendor.module) else ""
+            out.append(CheckResult(name, OK, f"{vendor.name} available ({simulated}backend {vendor.backend})"))
             continue
         installed = vendor.module is not None and importlib.util.find_spec(vendor.module) is not None
         if installed or forced == vendor.name:
@@ -132,7 +169,7 @@ _TOOLKIT_VERSION_FILES = ("*-linux/ascend_toolkit_install.info", "version.info",
 def ascend_env(host: Host) -> CheckResult:
     # CANN's set_env.sh exports both names; torch_npu reads ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME.
     home = host.env.get("ASCEND_HOME_PATH") or host.env.get("ASCEND_TOOLKIT_HOME")
-    npu_installed = importlib.util.find_spec("torch_npu") is not None
+    npu_installed = importlib.util.find_spec("torch_npu") is not None and not _stand_in()
     fix_source = "source /usr/local/Ascend/ascend-toolkit/set_env.sh (or your CANN install's set_env.sh)"
     if not home:
         if npu_installed:
@@ -248,6 +285,8 @@ def master_addr(host: Host) -> list[CheckResult]:
 def torch_npu_version(host: Host) -> CheckResult:
     import torch
 
+    if _stand_in():
+        return CheckResult("torch-npu-version", SKIP, "torch_npu here is npudist's simulated stand-in")
     try:
         npu_version = importlib.metadata.version("torch_npu")
     except importlib.metadata.PackageNotFoundError:

@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 ACCELERATOR_VAR = "NPUDIST_ACCELERATOR"
 TIMEOUT_VAR = "NPUDIST_TIMEOUT"
@@ -26,11 +27,21 @@ DEBUG_VAR = "NPUDIST_COMM_DEBUG"
 SYNC_VAR = "NPUDIST_COMM_SYNC_TIMING"
 RUN_DIR_VAR = "NPUDIST_RUN_DIR"
 WATCHDOG_OFF_VAR = "NPUDIST_WATCHDOG_OFF"
+HANG_TIMEOUT_VAR = "NPUDIST_HANG_TIMEOUT"
+HANG_ACTION_VAR = "NPUDIST_HANG_ACTION"
+HANG_ACTIONS = ("abort", "report", "off")
 PORT_VAR = "NPUDIST_METRICS_PORT"
 HOST_VAR = "NPUDIST_METRICS_HOST"
 CPU_NPROC_VAR = "NPUDIST_CPU_NPROC"
 SYSFS_ROOT_VAR = "NPUDIST_SYSFS_ROOT"
 NODE_VAR = "NPUDIST_NODE_NAME"
+SIMULATE_VAR = "NPUDIST_SIMULATE"
+SIM_CHIPS_VAR = "NPUDIST_SIM_CHIPS"
+
+SIMULATE_MODES = ("npu", "npu:strict")
+"""What NPUDIST_SIMULATE and ``npudist launch --simulate`` accept (npudist.sim.MODES says what each does)."""
+SIMULATED_ACCELERATOR = "npu-sim"
+"""The vendor row (accelerators/vendors.py) a simulating process uses."""
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -56,6 +67,12 @@ class Settings:
     """NPUDIST_RUN_DIR: where hang reports (and run logs) are written."""
     watchdog: bool = True
     """False when NPUDIST_WATCHDOG_OFF is set: collectives are not numbered and published for hang diagnosis."""
+    hang_timeout_s: float | None = None
+    """NPUDIST_HANG_TIMEOUT: seconds without progress before rank 0 gives its hang verdict (None: deduced
+    from the job's own progress intervals, at least comm/hang.py's FLOOR_S)."""
+    hang_action: str = "abort"
+    """NPUDIST_HANG_ACTION: after a hang verdict, abort (the live ranks exit so a launcher restarts the job
+    at once), report (verdict only; the collective timeout still ends the job) or off (no reader)."""
     metrics_port: int | None = None
     """NPUDIST_METRICS_PORT: rank i serves its metrics on this port + i (0: any free port; None: not served)."""
     metrics_host: str | None = None
@@ -66,6 +83,18 @@ class Settings:
     """NPUDIST_SYSFS_ROOT: the root under which /sys is read (tests point it at a fake tree)."""
     node_name: str | None = None
     """NPUDIST_NODE_NAME: the ``node`` label of every metric (None: the host name)."""
+    simulate: str | None = None
+    """NPUDIST_SIMULATE: ``npu`` or ``npu:strict`` makes this process's accelerator the simulated NPU
+    (npudist.sim), whatever NPUDIST_ACCELERATOR says; None: real hardware only."""
+    sim_chips: int = 8
+    """NPUDIST_SIM_CHIPS: chips on the simulated host (an Atlas 800 training server has 8); a rank's
+    ASCEND_RT_VISIBLE_DEVICES or local rank must name one of them."""
+
+    @property
+    def forced_accelerator(self) -> str | None:
+        """The vendor row to use instead of detecting: the simulated NPU when simulating, else
+        NPUDIST_ACCELERATOR."""
+        return SIMULATED_ACCELERATOR if self.simulate else self.accelerator
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -78,6 +107,8 @@ class Settings:
         return cls(
             accelerator=(text(ACCELERATOR_VAR) or "").lower() or None,
             timeout_s=_seconds(text(TIMEOUT_VAR)),
+            hang_timeout_s=_seconds(text(HANG_TIMEOUT_VAR), HANG_TIMEOUT_VAR),
+            hang_action=_choice(HANG_ACTION_VAR, text(HANG_ACTION_VAR), HANG_ACTIONS),
             comm_profile=text(PROFILE_VAR),
             comm_debug=(text(DEBUG_VAR) or "").lower() in _TRUE,
             sync_timing=(text(SYNC_VAR) or "").lower() in _TRUE,
@@ -88,6 +119,8 @@ class Settings:
             cpu_nproc=_positive(CPU_NPROC_VAR, text(CPU_NPROC_VAR)),
             sysfs_root=env.get(SYSFS_ROOT_VAR) or "/",
             node_name=text(NODE_VAR),
+            simulate=_simulate(text(SIMULATE_VAR)),
+            sim_chips=_positive(SIM_CHIPS_VAR, text(SIM_CHIPS_VAR)) or 8,
         )
 
 
@@ -96,11 +129,12 @@ class Settings:
 # works: (lowest, highest, what it counts).
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 _INTEGER = re.compile(r"[0-9]{1,9}")
-_RANGES: dict[str, tuple[float, float, str]] = {
+_RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
+    HANG_TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
     PORT_VAR: (0, 65535, "the base port (0: any free port)"),
     CPU_NPROC_VAR: (1, 1024, "ranks per node"),
-}
+})
 
 
 def _allowed(name: str) -> str:
@@ -114,14 +148,22 @@ def _in_range(name: str, raw: str, value: float, why: str) -> None:
         raise SettingsError(f"{name}={raw!r}: {why}; {_allowed(name)}")
 
 
-def _seconds(raw: str | None) -> float | None:
+def _seconds(raw: str | None, name: str = TIMEOUT_VAR) -> float | None:
     if raw is None:
         return None
     if not _DECIMAL.fullmatch(raw):
-        raise SettingsError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds; {_allowed(TIMEOUT_VAR)}")
+        raise SettingsError(f"{name}={raw!r} is not a number of seconds; {_allowed(name)}")
     value = float(raw)
-    _in_range(TIMEOUT_VAR, raw, value, "the timeout must be a positive number of seconds")
+    _in_range(name, raw, value, "the timeout must be a positive number of seconds")
     return value
+
+
+def _choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
+    if raw is None:
+        return choices[0]
+    if raw.lower() not in choices:
+        raise SettingsError(f"{name}={raw!r}: choose one of {', '.join(choices)}")
+    return raw.lower()
 
 
 def _port(raw: str | None) -> int | None:
@@ -140,3 +182,12 @@ def _positive(name: str, raw: str | None) -> int | None:
         raise SettingsError(f"{name}={raw!r}: give a positive integer; {_allowed(name)}")
     _in_range(name, raw, int(raw), "too many")
     return int(raw)
+
+
+def _simulate(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    mode = raw.lower()
+    if mode not in SIMULATE_MODES:
+        raise SettingsError(f"{SIMULATE_VAR}={raw!r}: give one of {', '.join(SIMULATE_MODES)} (or unset it)")
+    return mode

@@ -266,6 +266,10 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("npudist_collective_adaptations_total", "counter", "",
               "Tensor adaptations made so a backend accepts the call (cast, contiguous, pad, align, stage).",
               (*RANK_LABELS, "op", "backend", "kind"), "npudist.comm.stats()"),
+    MetricDef("npudist_hang_stall_seconds", "gauge", "seconds",
+              "Seconds since any rank's collective progress, as the job's hang reader sees it (rank 0 only); "
+              "a hang verdict comes when it passes the bound (NPUDIST_HANG_TIMEOUT or deduced).", RANK_LABELS,
+              "rank 0's watchdog thread, one store read a second"),
     MetricDef("npudist_checkpoint_snapshot_duration_seconds", "histogram", "seconds",
               "Time a checkpoint save held the training loop: the host copy of the state for asynchronous "
               "saves (plus any wait for the previous write), the whole save for synchronous ones.",

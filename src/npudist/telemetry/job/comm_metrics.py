@@ -21,15 +21,15 @@ from npudist.telemetry.exposition.collector_health import CollectorHealth
 NAME = "comm"
 
 
-def comm_stats_function() -> Callable[[], Any] | None:
-    """``npudist.comm.stats`` when that package is present, else None."""
+def comm_stats_function(name: str = "stats") -> Callable[[], Any] | None:
+    """``npudist.comm.<name>`` (default ``stats``) when that package is present, else None."""
     try:
         module = importlib.import_module("npudist.comm")
     except ModuleNotFoundError as exc:
         if exc.name in ("npudist.comm", "npudist"):
             return None
         raise
-    return getattr(module, "stats", None)
+    return getattr(module, name, None)
 
 
 def histogram_buckets(pairs: Sequence[tuple[float, int]]) -> list[tuple[str, float]]:
@@ -47,10 +47,11 @@ def histogram_buckets(pairs: Sequence[tuple[float, int]]) -> list[tuple[str, flo
 
 class CommCollector:
     def __init__(self, health: CollectorHealth, rank_labels: Sequence[str],
-                 stats: Callable[[], Any] | None = None) -> None:
+                 stats: Callable[[], Any] | None = None, stall: Callable[[], float | None] | None = None) -> None:
         self.health, self.labels = health, rank_label_values(rank_labels)
         self._stats = stats
         self._resolved = stats is not None
+        self._stall = stall
 
     def _stats_function(self) -> Callable[[], Any] | None:
         if not self._resolved:
@@ -95,3 +96,16 @@ class CommCollector:
             for kind, n in kinds:
                 adaptations.add_metric([*labels, kind], n)
         yield from (calls, nbytes, duration, inflight, adaptations)
+        yield from self._stall_family()
+
+    def _stall_family(self) -> Iterator[Metric]:
+        stall_fn = self._stall if self._stall is not None else comm_stats_function("hang_stall_seconds")
+        try:
+            seconds = stall_fn() if stall_fn is not None else None
+        except Exception:
+            self.health.error(NAME, "error")
+            return
+        if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
+            fam = family("npudist_hang_stall_seconds")
+            fam.add_metric(self.labels, float(seconds))
+            yield fam

@@ -51,12 +51,33 @@ def event_seconds(event: Any) -> float:
     return float(us) / 1e6
 
 
+def _children(ev: Any) -> Iterable[Any]:
+    kids = getattr(ev, "cpu_children", None)  # FunctionEvent; the C++ event tree names them ``children``
+    return kids if kids is not None else getattr(ev, "children", ())
+
+
+def _redispatch(name: str, children: Iterable[Any]) -> bool:
+    """An op that runs itself again on other tensors: a tensor subclass (the simulated NPU's; torch
+    records its ``__torch_dispatch__`` as ``PythonSubclass``) or a vendor wrapper. The inner call is the
+    kernel, so the outer one is not counted, or every call would be counted twice."""
+    for child in children:
+        if child.name == name:
+            return True
+        if child.name == _SUBCLASS and any(g.name == name for g in _children(child)):
+            return True
+    return False
+
+
+_SUBCLASS = "PythonSubclass"
+
+
 def op_durations(events: Iterable[Any]) -> list[tuple[str, float]]:
     """(family, seconds) for every tracked op call in a profiled step's events."""
     out = []
     for ev in events:
-        op = normalise(getattr(ev, "name", ""))
-        if op is not None:
+        name = getattr(ev, "name", "")
+        op = normalise(name)
+        if op is not None and not _redispatch(name, _children(ev)):
             out.append((op, event_seconds(ev)))
     return out
 
@@ -71,7 +92,7 @@ def tree_op_durations(roots: Iterable[Any]) -> list[tuple[str, float]]:
         ev = stack.pop()
         children = ev.children
         op = OP_FAMILIES.get(ev.name)
-        if op is not None:
+        if op is not None and not _redispatch(ev.name, children):
             child_ns = sum(c.duration_time_ns for c in children)
             out.append((op, max(ev.duration_time_ns - child_ns, 0) / 1e9))
         stack.extend(children)

@@ -1,0 +1,209 @@
+"""Hang verdicts from progress records: pure arithmetic, fed by the reader (hang_reader.py).
+
+Two pure parts, replayable at any world size without a process group:
+
+- ``ProgressTracker.update(now, records)``: has the job stopped progressing for longer than its bound?
+  Progress is any change of any rank's (collective number, state, step). The bound is deduced from the
+  job itself, like nvidia-resiliency-ext's fault-tolerance timeouts (the longest interval seen so far
+  times a safety factor; ``nvidia_resiliency_ext/fault_tolerance/config.py``, ``safety_factor``), with a
+  floor, or fixed by NPUDIST_HANG_TIMEOUT. A stall counts only while some rank waits inside a collective:
+  ranks that all compute (a long evaluation) are not hung.
+- ``suspects(records)`` and ``judge(...)``: which ranks hold the job back and why. A rank is *behind* when
+  its collective number is below the one most ranks wait in (it never reached that call), *ahead* when it
+  is above (it skipped a call the others are in). When every rank sits at the same number, ranks whose
+  op or payload differs from the majority's are named (a mismatched collective), else the ranks that did
+  not answer the liveness probe (stopped or dead inside the collective).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from npudist.comm.watchdog import BadRecord, Record, Records
+
+FLOOR_S = 10.0
+"""The smallest stall bound: a few publish intervals and scheduling noise on a loaded host."""
+SAFETY_FACTOR = 3.0
+"""Bound = this many times the longest progress interval observed."""
+GAP_WINDOW = 256
+"""Progress intervals remembered for the bound (the recent past, so a slow start-up is forgotten)."""
+NAMED_IN_LINE = 8
+"""Ranks listed by number in the verdict line; the JSON report holds them all."""
+
+
+def _progress(records: Records) -> tuple[int, bool, bool]:
+    """(a number that grows whenever any rank makes progress, whether some rank waits inside a collective,
+    whether some rank has started a training step)."""
+    total, waiting, stepping = 0, False, False
+    for rec in records.values():
+        if isinstance(rec, Record):
+            total += 2 * rec.seq + (rec.state == "done") + rec.step
+            waiting = waiting or rec.state == "entered"
+            stepping = stepping or rec.step > 0
+    return total, waiting, stepping
+
+
+@dataclass
+class ProgressTracker:
+    """Says when the job has made no progress for longer than its bound (see the module docstring)."""
+
+    floor_s: float = FLOOR_S
+    factor: float = SAFETY_FACTOR
+    override_s: float | None = None
+    """NPUDIST_HANG_TIMEOUT: a fixed bound in seconds instead of the deduced one."""
+    _last: int | None = None
+    _since: float = 0.0
+    _gaps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=GAP_WINDOW))
+    _changes: int = 0
+    _stepping: bool = False
+
+    @property
+    def bound_s(self) -> float:
+        if self.override_s is not None:
+            return self.override_s
+        return max(self.floor_s, self.factor * max(self._gaps, default=0.0))
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the last progress seen (0 before the first update)."""
+        return now - self._since if self._last is not None else 0.0
+
+    def update(self, now: float, records: Records) -> float | None:
+        """Seconds the job has been stalled when that exceeds the bound, else None."""
+        value, waiting, stepping = _progress(records)
+        if stepping and not self._stepping:
+            # Set-up before the first training step (model build, DDP's start-up broadcasts) is no
+            # progress interval of the training loop; neither is the first interval seen.
+            self._stepping, self._changes = True, 0
+            self._gaps.clear()
+        if value != self._last:
+            if self._changes > 0:
+                self._gaps.append(now - self._since)
+            self._changes += self._last is not None
+            self._last, self._since = value, now
+            return None
+        stalled = now - self._since
+        return stalled if waiting and stalled > self.bound_s else None
+
+
+@dataclass(frozen=True)
+class Suspects:
+    kind: str
+    """behind (ranks below the collective the others wait in), ahead (ranks past it: they skipped a call),
+    mismatch (same number, other op or size),
+    all_reached (every rank inside the same call: the ones that do not answer are named)."""
+    ranks: list[int]
+    top: int
+    """The collective number most ranks sit at: the call the job waits in."""
+    waiting: list[int]
+    """Ranks inside the top collective: the ones held back."""
+
+
+def _majority(groups: dict[tuple[str, int], list[int]]) -> tuple[str, int]:
+    return max(groups, key=lambda g: (len(groups[g]), -min(groups[g])))
+
+
+def suspects(records: Records) -> Suspects:
+    """The ranks to probe and blame (pure; O(N)).
+
+    The collective the job waits in is the one most ranks sit at (ties: the highest number, since a
+    stalled rank is usually the odd one below). Ranks below it are behind; ranks above it ran past a call
+    the others are still in (they skipped one); unreported ranks are behind.
+    """
+    good = {r: rec for r, rec in records.items() if isinstance(rec, Record)}
+    unknown = sorted(r for r in records if r not in good)
+    counts = collections.Counter(rec.seq for rec in good.values())
+    top = max(counts, key=lambda seq: (counts[seq], seq)) if counts else 0
+    behind = sorted(r for r, rec in good.items() if rec.seq < top)
+    ahead = sorted(r for r, rec in good.items() if rec.seq > top)
+    waiting = sorted(r for r, rec in good.items() if rec.seq == top and rec.state == "entered")
+    if behind or unknown:
+        return Suspects("behind", sorted(behind + unknown), top, waiting)
+    if ahead:
+        return Suspects("ahead", ahead, top, waiting)
+    groups: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    for r, rec in good.items():
+        groups[(rec.op, rec.nbytes)].append(r)
+    if len(groups) > 1:
+        keep = _majority(groups)
+        odd = sorted(r for g, rs in groups.items() if g != keep for r in rs)
+        return Suspects("mismatch", odd, top, sorted(groups[keep]))
+    return Suspects("all_reached", sorted(good), top, waiting)
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    rs = list(ranks)
+    shown = ", ".join(map(str, rs[:NAMED_IN_LINE]))
+    return shown + (f" and {len(rs) - NAMED_IN_LINE} more" if len(rs) > NAMED_IN_LINE else "")
+
+
+def _last(rec: Record | BadRecord | None, now: float) -> str:
+    if isinstance(rec, BadRecord):
+        return f"bad record ({rec.reason})"
+    if rec is None or rec.seq == 0:
+        return "never reported a collective"
+    where = {"entered": "inside", "closed": "shut npudist down after"}.get(rec.state, "after")
+    return f"{where} {rec.op} #{rec.seq} ({rec.nbytes} bytes, step {rec.step}, {now - rec.wall_time:.1f} s ago)"
+
+
+def _top_frame(stack: str) -> str:
+    lines = [ln.strip() for ln in stack.strip().splitlines() if ln.strip().startswith("File ")]
+    return lines[-1] if lines else ""
+
+
+def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: dict[int, str], *,
+          now: float, stalled_s: float, bound_s: float, cause: str = "") -> dict[str, Any]:
+    """The verdict: a JSON-ready report whose ``line`` is the one line rank 0 prints (pure).
+
+    ``answered``: the suspects whose watchdog thread answered the probe (None: no probe was made).
+    """
+    if found.kind == "all_reached" and answered is not None:
+        culprits = sorted(r for r in found.ranks if r not in answered)
+    elif found.kind == "all_reached":
+        culprits = []
+    else:
+        culprits = list(found.ranks)
+    good = {r: rec for r, rec in records.items() if isinstance(rec, Record)}
+    top_rec = next((good[r] for r in found.waiting if r in good), None)
+    in_call = f"{top_rec.op} #{found.top}" if top_rec else f"collective #{found.top}"
+    per_rank: dict[str, Any] = {}
+    parts = []
+    for r in culprits:
+        alive = None if answered is None else r in answered
+        stack = stacks.get(r, "")
+        closed = isinstance(records.get(r), Record) and records[r].state == "closed"
+        state = ("answered: live but stuck" if alive else
+                 "no watchdog left to answer" if closed else
+                 "did not answer: stopped or dead, no stack (its record lags its last call by up to a second)"
+                 if alive is False else "not probed")
+        per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": alive, "stack": stack or None}
+        if len(parts) < NAMED_IN_LINE:
+            top = _top_frame(stack)
+            parts.append(f"rank {r} {_last(records.get(r), now)}, {state}" + (f", at {top}" if top else ""))
+    blame = {"behind": "never reached it", "ahead": "ran past it (a skipped collective?)",
+             "mismatch": "called something else there",
+             "all_reached": "did not answer inside it"}[found.kind]
+    if culprits:
+        who = f"rank(s) {_ranks(culprits)} {blame}: " + "; ".join(parts)
+        if len(culprits) > NAMED_IN_LINE:
+            who += f"; {len(culprits) - NAMED_IN_LINE} more in the report"
+    else:
+        who = "every rank is alive inside it (a slow link, or a backend stuck below Python)"
+    line = (f"npudist hang: no progress for {stalled_s:.1f} s (bound {bound_s:.1f} s); ranks "
+            f"{_ranks(found.waiting) or 'none'} wait in {in_call}; {who}")
+    if cause:
+        line += f". Collective error: {cause}"
+    not_reached = sorted(r for r in records if not isinstance(records[r], Record) or records[r].seq < found.top)
+    return {"line": line, "kind": found.kind, "op": top_rec.op if top_rec else None, "seq": found.top,
+            "waiting": found.waiting, "culprits": culprits, "not_reached": not_reached,
+            "reached": sorted(r for r in records if r not in not_reached), "culprit_ranks": per_rank,
+            "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "cause": cause or None,
+            "ranks": {str(r): _as_json(records[r]) for r in culprits}}
+
+
+def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
+    if isinstance(rec, BadRecord):
+        return {"bad_record": rec.reason}
+    return asdict(rec) if rec is not None else None

@@ -1,0 +1,82 @@
+"""A simulated Ascend NPU: device type ``npu``, tensors in host memory, and an ``hccl`` backend over gloo.
+
+``install(mode)`` makes this process look like one with torch_npu on one Ascend chip: PrivateUse1 is
+renamed ``npu`` (the slot torch_npu itself uses), ``torch.npu`` is the device module in ``device.py``,
+tensors moved there are ``SimTensor``s computing with the CPU's kernels, and the ``hccl`` backend is
+registered for ``npu`` only. It proves placement, backend choice, HCCL's dtype and layout rules and
+npudist's own paths; it cannot prove speed, HCCL's real algorithms or anything of CANN.
+
+Nothing happens at import. ``npudist launch --simulate npu[:strict]`` or ``NPUDIST_SIMULATE`` makes the
+accelerator detection install it (the ``npu-sim`` vendor row), and the ``torch_npu`` stand-in under
+``stand_in/`` installs it for scripts written for torch_npu.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from npudist.runtime.settings import SIMULATE_MODES
+
+MODES: Mapping[str, str] = MappingProxyType(dict(zip(SIMULATE_MODES, ("hccl", "hccl-strict"), strict=True)))
+"""``--simulate`` / NPUDIST_SIMULATE value -> the constraint row (comm/constraints.py) the simulated HCCL
+enforces."""
+
+
+class SimulationError(RuntimeError):
+    """The simulated NPU cannot be installed in this process; the message says why."""
+
+
+def parse_mode(value: str) -> str:
+    """Normalise a ``--simulate`` value, or SimulationError listing the valid ones."""
+    mode = value.strip().lower()
+    if mode not in MODES:
+        raise SimulationError(f"cannot simulate {value!r}; choose one of {', '.join(MODES)}")
+    return mode
+
+
+def install(mode: str = "npu", chips: int = 8) -> None:
+    """Make this process's ``npu`` device the simulated one; a second call with the same mode does nothing."""
+    import torch
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    from npudist.comm.constraints import PROFILES
+    from npudist.sim import hccl
+    from npudist.sim.device import SimDeviceModule
+    from npudist.sim.state import SIM
+    from npudist.sim.tensor import DEVICE_TYPE, register_allocation_kernels
+
+    row = MODES[parse_mode(mode)]
+    if SIM.row is not None:
+        if SIM.row != row:
+            raise SimulationError(f"the simulated NPU is already installed with the {SIM.row} row, not {row}")
+        return
+    taken = torch._C._get_privateuse1_backend_name()
+    if taken not in ("privateuseone", DEVICE_TYPE) or hasattr(torch, DEVICE_TYPE):
+        raise SimulationError(f"the PrivateUse1 device slot is already taken ({taken!r}, torch.{DEVICE_TYPE} "
+                              "exists): is the real torch_npu loaded? Simulate in a process without it.")
+    _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=SimDeviceModule(chips))
+    SIM.library = torch.library.Library("aten", "IMPL")
+    register_allocation_kernels(SIM.library)
+    hccl.register(PROFILES[row])
+    SIM.row = row
+
+
+def activate() -> str | None:
+    """Install the simulation this process's settings ask for (NPUDIST_SIMULATE, NPUDIST_SIM_CHIPS);
+    None when it is in place, else why not. Called by accelerator detection (the ``npu-sim`` row)."""
+    from npudist.runtime.state import current
+
+    settings = current().settings
+    try:
+        install(settings.simulate or "npu", chips=settings.sim_chips)
+    except SimulationError as exc:
+        return str(exc)
+    return None
+
+
+def installed() -> str | None:
+    """The constraint row of the installed simulation, or None when this process has no simulated NPU."""
+    from npudist.sim.state import SIM
+
+    return SIM.row

@@ -1,0 +1,207 @@
+"""``torch.npu`` of the simulated NPU: the device calls npudist, DDP and torch_npu scripts make.
+
+One device is visible per process, the way ``ASCEND_RT_VISIBLE_DEVICES=<local rank>`` leaves one chip
+to each rank on a real host: torch's Python device guard reports one device, and autograd's engine
+asserts on a device index it has no queue for, so ``npu:1`` cannot work in one process. The physical
+chip behind ``npu:0`` is the one a real runtime would map it to (``physical_chip``), so npudist's
+local rank -> device index -> chip arithmetic is exercised honestly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from npudist.sim.state import SIM
+from npudist.sim.tensor import DEVICE_TYPE
+
+VISIBLE_VAR = "ASCEND_RT_VISIBLE_DEVICES"
+"""The CANN runtime's visible-devices variable (CANN "Environment Variables" reference)."""
+
+
+class SimDeviceError(RuntimeError):
+    """A device call the simulated NPU cannot honour, in torch_npu's words where it has them."""
+
+
+def physical_chip(env: Mapping[str, str] | None = None, chips: int = 8) -> int:
+    """The chip this process's ``npu:0`` stands for.
+
+    ``ASCEND_RT_VISIBLE_DEVICES`` with one entry names the chip; with several (a node-wide list, as a
+    launcher without per-rank lists sets it) the entry at LOCAL_RANK is this rank's; unset, the chip is
+    LOCAL_RANK. A chip the simulated host does not have is an error, as on a real host.
+    """
+    env = os.environ if env is None else env
+    local_rank = int(env.get("LOCAL_RANK", "0") or 0)
+    listed = [c.strip() for c in env.get(VISIBLE_VAR, "").split(",") if c.strip()]
+    if not listed:
+        chip = local_rank
+    elif len(listed) == 1:
+        chip = _chip_number(listed[0])
+    elif local_rank < len(listed):
+        chip = _chip_number(listed[local_rank])
+    else:
+        raise SimDeviceError(f"{VISIBLE_VAR}={env.get(VISIBLE_VAR)!r} lists {len(listed)} chips but this is "
+                             f"local rank {local_rank}")
+    if not 0 <= chip < chips:
+        raise SimDeviceError(f"chip {chip} does not exist: the simulated host has {chips} (0-{chips - 1})")
+    return chip
+
+
+def _chip_number(text: str) -> int:
+    if not text.isdigit():
+        raise SimDeviceError(f"{VISIBLE_VAR} entry {text!r} is not a chip number")
+    return int(text)
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != DEVICE_TYPE:
+            raise SimDeviceError(f"expected an {DEVICE_TYPE} device, got {device}")
+        return 0 if device.index is None else device.index
+    return int(device)
+
+
+def _check(index: int) -> int:
+    if index != 0:
+        # torch_npu's own refusal of an index beyond the visible devices.
+        raise SimDeviceError(f"Invalid device ID {index}: the simulated NPU shows one device per process "
+                             f"(npu:0, chip {physical_chip()}), like {VISIBLE_VAR}=<local rank>")
+    return index
+
+
+class Stream:
+    """A stream on the simulated NPU: work runs when issued, so every stream is always done."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
+        self.device = torch.device(DEVICE_TYPE, _check(_index(device)))
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream: Stream) -> None:
+        return None
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+
+class Event:
+    """An event that records the host clock: elapsed_time is the host time between two records."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._t: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._t = time.perf_counter()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: Event) -> float:
+        if self._t is None or end._t is None:
+            raise SimDeviceError("elapsed_time: both events must be recorded first")
+        return (end._t - self._t) * 1000.0
+
+
+class SimDeviceModule:
+    """What ``torch.npu`` offers that npudist, DDP, the profiler or a torch_npu script calls."""
+
+    Stream = Stream
+    Event = Event
+
+    def __init__(self, chips: int) -> None:
+        self.chips = chips
+        self._stream: Stream | None = None
+
+    # The device calls, named as in torch_npu (torch_npu.npu: is_available ... memory_reserved).
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device: Any) -> None:
+        _check(_index(device))
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_device_name(self, device: Any = None) -> str:
+        return f"simulated Ascend NPU (chip {physical_chip(chips=self.chips)})"
+
+    def synchronize(self, device: Any = None) -> None:
+        _check(_index(device))
+
+    def current_stream(self, device: Any = None) -> Stream:
+        if self._stream is None:
+            self._stream = Stream(0)
+        return self._stream
+
+    def default_stream(self, device: Any = None) -> Stream:
+        return self.current_stream(device)
+
+    @contextlib.contextmanager
+    def stream(self, stream: Stream | None) -> Iterator[None]:
+        yield
+
+    def memory_allocated(self, device: Any = None) -> int:
+        _check(_index(device))
+        return SIM.allocations.allocated
+
+    def memory_reserved(self, device: Any = None) -> int:
+        _check(_index(device))
+        return max(SIM.allocations.peak, SIM.allocations.allocated)
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.memory_reserved(device)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        SIM.allocations.reset_peak()
+
+    def empty_cache(self) -> None:
+        SIM.allocations.reset_peak()
+
+    def manual_seed(self, seed: int) -> None:
+        # Simulated tensors draw from the host generator (their kernels are the CPU's).
+        torch.default_generator.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        # torch.manual_seed calls this after seeding the host generator, which is the one in use here.
+        return None
+
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(state)

@@ -1,0 +1,221 @@
+"""The simulated ``hccl`` backend: a process group for ``npu`` tensors only, carried over gloo.
+
+It refuses what the real backend refuses, in the real backend's words, before gloo sees anything:
+
+- a CPU tensor on a group whose backend is registered for ``npu`` only: torch's ProcessGroup finds no
+  backend for the device and raises ``No backend type associated with device type cpu``
+  (torch/csrc/distributed/c10d/ProcessGroup.hpp, getBackend), as HCCL and NCCL groups do;
+- a non-contiguous tensor: ``Tensors must be contiguous`` (torch_npu ProcessGroupHCCL checkTensor);
+- what the active constraint row (comm/constraints.py: ``hccl``, or ``hccl-strict`` under
+  ``--simulate npu:strict``, for floating-point tensors; integer ones always meet ``hccl``) does not
+  take: a dtype or reduce op (HCCL_E_NOT_SUPPORT), an element count
+  that is not a multiple of the row's ``element_multiple`` or a data pointer off its ``alignment_bytes``
+  (HCCL_E_PARA). The names are HcclResult members of hccl_types.h (CANN; shipped in the torch-npu
+  wheel): HCCL_E_PARA = 1, HCCL_E_NOT_SUPPORT = 5.
+
+Every call runs to completion before it returns (gloo's work is waited for), so the returned work is
+already done; calls, payload bytes and refusals per collective are counted in ``SIM.counts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from npudist.comm.constraints import HCCL, Constraints
+from npudist.sim.state import SIM
+from npudist.sim.tensor import DEVICE_TYPE, SimTensor
+
+BACKEND = "hccl"
+HCCL_E_PARA = "HCCL_E_PARA"
+HCCL_E_NOT_SUPPORT = "HCCL_E_NOT_SUPPORT"
+_RESULT_CODES = MappingProxyType({HCCL_E_PARA: 1, HCCL_E_NOT_SUPPORT: 5})
+
+_OP_NAMES = MappingProxyType({
+    dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "product", dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "avg", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
+    dist.ReduceOp.BXOR: "bxor",
+})
+
+
+class HcclError(RuntimeError):
+    """What torch_npu raises when an HCCL call returns an error code."""
+
+
+
+
+def _op_name(opts: Any) -> str:
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    return _OP_NAMES.get(getattr(op, "op", op), str(op))
+
+
+class SimHcclGroup(dist.ProcessGroup):
+    """The whole group for ``hccl``: checks each tensor as HCCL would, then lets gloo move host data."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, row: Constraints) -> None:
+        super().__init__(rank, size)
+        self._inner = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
+        self.row = row
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"SimHcclGroup(rank={self.rank()}, size={self.size()}, row={self.row.name})"
+
+    # -- the checks HCCL makes -------------------------------------------------------------------------
+    def _host(self, call: str, tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
+        out = []
+        for t in tensors:
+            if not isinstance(t, SimTensor):
+                SIM.counts.refused[call] += 1
+                raise RuntimeError(f"No backend type associated with device type {t.device.type}")
+            if not t.is_contiguous():
+                SIM.counts.refused[call] += 1
+                raise RuntimeError("Tensors must be contiguous")
+            self._check_row(call, t, op)
+            out.append(t.elem)
+        return out
+
+    def _check_row(self, call: str, t: torch.Tensor, op: str | None) -> None:
+        # The strict row's reports concern data: torch's own integer bookkeeping (DDP's bucket-index and
+        # shape broadcasts, object sizes) ran on those machines, so integer tensors meet the plain hccl row.
+        row = self.row if t.dtype.is_floating_point else HCCL
+        allowed = row.native_dtypes(op) if op is not None else row.copy_dtypes
+        if t.dtype not in allowed:
+            what = f"reduce op {op} on {t.dtype}" if op is not None else f"data type {t.dtype}"
+            self._refuse(call, HCCL_E_NOT_SUPPORT, f"{what} is not supported ({row.name} row)")
+        if t.numel() % row.element_multiple:
+            self._refuse(call, HCCL_E_PARA, f"count {t.numel()} is not a multiple of {row.element_multiple} "
+                         f"({row.name} row)")
+        if t.data_ptr() % row.alignment_bytes:
+            self._refuse(call, HCCL_E_PARA, f"buffer address is not {row.alignment_bytes}-byte aligned "
+                         f"({row.name} row)")
+
+    def _refuse(self, call: str, name: str, detail: str) -> None:
+        SIM.counts.refused[call] += 1
+        raise HcclError(f"{call} failed: {name} (error code {_RESULT_CODES[name]}): {detail}")
+
+    @staticmethod
+    def _done(result: Any, inner_work: Any = None) -> Any:
+        if inner_work is not None:
+            inner_work.wait()
+        fut: Future = Future()
+        fut.set_result(result)
+        return _create_work_from_future(fut)
+
+    # -- collectives ---------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        host = self._host("HcclAllReduce", tensors, _op_name(opts))
+        SIM.counts.add("all_reduce", tensors)
+        return self._done(list(tensors), self._inner.allreduce(host, opts))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        host = self._host("HcclAllReduce", tensors, _op_name(opts))
+        SIM.counts.add("all_reduce_coalesced", tensors)
+        return self._done(list(tensors), self._inner.allreduce_coalesced(host, opts))
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        host = self._host("HcclBroadcast", tensors)
+        SIM.counts.add("broadcast", tensors)
+        return self._done(list(tensors), self._inner.broadcast(host, opts))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        host_in = self._host("HcclAllGather", inputs)
+        host_out = [self._host("HcclAllGather", outs) for outs in output_lists]
+        SIM.counts.add("all_gather", inputs)
+        return self._done(output_lists, self._inner.allgather(host_out, host_in, opts))
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        (host_out,) = self._host("HcclAllGather", [output])
+        (host_in,) = self._host("HcclAllGather", [input])
+        SIM.counts.add("all_gather_into_tensor", [input])
+        return self._done(output, self._inner._allgather_base(host_out, host_in, opts))
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = _op_name(opts)
+        host_out = self._host("HcclReduceScatter", outputs, op)
+        host_in = [self._host("HcclReduceScatter", ins, op) for ins in input_lists]
+        SIM.counts.add("reduce_scatter", outputs)
+        return self._done(list(outputs), self._inner.reduce_scatter(host_out, host_in, opts))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = _op_name(opts)
+        (host_out,) = self._host("HcclReduceScatter", [output], op)
+        (host_in,) = self._host("HcclReduceScatter", [input], op)
+        SIM.counts.add("reduce_scatter_tensor", [output])
+        return self._done(output, self._inner._reduce_scatter_base(host_out, host_in, opts))
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        host = self._host("HcclReduce", tensors, _op_name(opts))
+        SIM.counts.add("reduce", tensors)
+        return self._done(list(tensors), self._inner.reduce(host, opts))
+
+    def gather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+        host_in = self._host("HcclGather", inputs)
+        host_out = [self._host("HcclGather", outs) for outs in output_lists]
+        SIM.counts.add("gather", inputs)
+        return self._done(output_lists, self._inner.gather(host_out, host_in, opts))
+
+    def scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+        host_out = self._host("HcclScatter", outputs)
+        host_in = [self._host("HcclScatter", ins) for ins in input_lists]
+        SIM.counts.add("scatter", outputs)
+        return self._done(list(outputs), self._inner.scatter(host_out, host_in, opts))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        (host_out,) = self._host("HcclAlltoAllV", [output])
+        (host_in,) = self._host("HcclAlltoAllV", [input])
+        SIM.counts.add("all_to_all_single", [input])
+        work = self._inner.alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts)
+        return self._done(output, work)
+
+    def send(self, tensors, dst, tag=0):
+        host = self._host("HcclSend", tensors)
+        SIM.counts.add("send", tensors)
+        return self._done(list(tensors), self._inner.send(host, dst, tag))
+
+    def recv(self, tensors, src, tag=0):
+        host = self._host("HcclRecv", tensors)
+        SIM.counts.add("recv", tensors)
+        return self._done(list(tensors), self._inner.recv(host, src, tag))
+
+    def barrier(self, opts=None):
+        # HCCL's barrier all-reduces a one-element device tensor; the host group's barrier is the same
+        # rendezvous without one.
+        SIM.counts.calls["barrier"] += 1
+        return self._done([], self._inner.barrier(dist.BarrierOptions()))
+
+
+def creator(row: Constraints):
+    """The function ``dist.Backend.register_backend`` calls to build a group."""
+
+    def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> SimHcclGroup:
+        return SimHcclGroup(store, rank, size, timeout, row)
+
+    return create
+
+
+def register(row: Constraints) -> None:
+    """Register ``hccl`` for the ``npu`` device type only, as torch_npu does."""
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, creator(row), devices=[DEVICE_TYPE])

@@ -1,0 +1,81 @@
+"""The simulated NPU's process-wide state: what a device driver would hold for the process.
+
+One object, ``SIM``: torch's dispatcher, device-module registry and backend registry, which the
+simulation plugs into, are process-wide and outlive any npudist Runtime, so the bytes live tensors hold
+and the collectives run are kept beside them rather than in the Runtime.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class Allocations:
+    """Bytes of host storage held by live simulated tensors, counted once per storage.
+
+    Views share a storage, so a storage is counted when its first wrapper appears and released when its
+    last wrapper is collected. ``peak`` is the high-water mark since the last ``reset_peak``: what a
+    caching allocator (CANN's, CUDA's) keeps reserved after tensors are freed.
+    """
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+        self._holders: dict[int, list[int]] = {}  # storage data_ptr -> [nbytes, live wrappers]
+
+    def track(self, wrapper: torch.Tensor, elem: torch.Tensor) -> None:
+        storage = elem.untyped_storage()
+        key = storage.data_ptr()
+        entry = self._holders.get(key)
+        if entry is None:
+            entry = self._holders[key] = [storage.nbytes(), 0]
+            self.allocated += entry[0]
+            self.peak = max(self.peak, self.allocated)
+        entry[1] += 1
+        weakref.finalize(wrapper, self._release, key)
+
+    def _release(self, key: int) -> None:
+        entry = self._holders.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.allocated -= entry[0]
+            del self._holders[key]
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+
+
+
+@dataclass
+class Counts:
+    """Collectives the simulated backend ran in this process: calls and payload bytes per collective."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    bytes: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
+
+    def add(self, name: str, tensors: Iterable[torch.Tensor]) -> None:
+        self.calls[name] += 1
+        self.bytes[name] += sum(t.numel() * t.element_size() for t in tensors)
+
+
+
+@dataclass
+class SimState:
+    allocations: Allocations = field(default_factory=Allocations)
+    counts: Counts = field(default_factory=Counts)
+    row: str | None = None
+    """The constraint row the simulated ``hccl`` enforces; None until the simulation is installed."""
+    library: Any = None
+    """The torch.library registration of the allocation kernels (kept alive here)."""
+
+
+SIM = SimState()

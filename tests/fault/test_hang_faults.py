@@ -1,0 +1,79 @@
+"""Hangs named in seconds on real gloo ranks of the example, the collective timeout left at 600 s.
+
+Each case launches 3 ranks of examples/train_ddp.py with one --fault on rank 1 and checks that rank 0's
+verdict (RUN_DIR/hang-attempt0.json and its line) names rank 1 and what it was doing, and that the job
+ends (NPUDIST_HANG_ACTION=abort) long before the collective timeout could have ended it. The bounds are
+wall-clock limits with a wide margin for a loaded host, never ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import child_env, run_npudist
+
+pytestmark = pytest.mark.slow
+LIMIT_S = 240  # the job must end well inside the 600 s collective timeout
+
+
+def _launch(tmp_path, kind: str, step: int):
+    start = time.monotonic()
+    proc = run_npudist(["launch", "--nproc-per-node", "3", "examples/train_ddp.py", "--steps", "100000",
+                        "--no-telemetry", "--log-every", "100000", "--global-batch-size", "30",
+                        "--run-dir", str(tmp_path),
+                        "--checkpoint-every", "100000", "--fault", kind, "--fault-rank", "1",
+                        "--fault-step", str(step)],
+                       env=child_env(), timeout=LIMIT_S)
+    elapsed = time.monotonic() - start
+    time.sleep(1)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    text = proc.stdout + proc.stderr
+    reports = list(tmp_path.glob("hang-attempt*.json"))
+    assert reports, text[-4000:]
+    verdict = json.loads(reports[0].read_text())
+    fault = re.search(r"FAULT \w+ rank=1 step=\d+ time=([\d.]+) last=(\S+) #(\d+) (\w+)", text)
+    assert fault, text[-4000:]
+    return proc, text, verdict, fault, elapsed, left
+
+
+def _common(proc, text, verdict, elapsed, left):
+    assert proc.returncode != 0
+    assert elapsed < LIMIT_S and left == []
+    assert verdict["culprits"] == [1] and verdict["not_reached"] == [1], verdict["line"]
+    assert verdict["line"] in text and "rank(s) 1 never reached it" in verdict["line"]
+    assert "npudist: rank 0: aborting the hung job" in text
+
+
+def test_a_rank_that_stalls_right_after_step_1_is_named_inside_ddps_bucket_rebuild(tmp_path):
+    proc, text, verdict, fault, elapsed, left = _launch(tmp_path, "stall", 2)
+    _common(proc, text, verdict, elapsed, left)
+    # The others wait in DDP's own forward-time collective, which npudist numbers.
+    assert verdict["op"] == "ddp_forward" and verdict["waiting"] == [0, 2]
+    culprit = verdict["culprit_ranks"]["1"]
+    assert culprit["alive"] is True and "in inject" in culprit["stack"] and "time.sleep" in culprit["stack"]
+    assert (verdict["ranks"]["1"]["op"], verdict["ranks"]["1"]["seq"]) == (fault.group(2), int(fault.group(3)))
+
+
+def test_a_stopped_rank_is_named_and_said_to_give_no_stack(tmp_path):
+    proc, text, verdict, fault, elapsed, left = _launch(tmp_path, "sigstop", 4)
+    _common(proc, text, verdict, elapsed, left)
+    culprit = verdict["culprit_ranks"]["1"]
+    assert culprit["alive"] is False and culprit["stack"] is None
+    assert "did not answer: stopped or dead" in verdict["line"]
+    # Its record lags its stop by at most one publish period: never ahead of what it printed.
+    assert verdict["ranks"]["1"]["seq"] <= int(fault.group(3))
+    assert verdict["time"] - float(fault.group(1)) < 60
+
+
+def test_a_rank_asleep_inside_its_step_is_named_with_its_stack(tmp_path):
+    proc, text, verdict, fault, elapsed, left = _launch(tmp_path, "sleep", 4)
+    _common(proc, text, verdict, elapsed, left)
+    culprit = verdict["culprit_ranks"]["1"]
+    assert culprit["alive"] is True and "time.sleep" in culprit["stack"]
+    assert (verdict["ranks"]["1"]["op"], verdict["ranks"]["1"]["seq"]) == (fault.group(2), int(fault.group(3)))
+    assert verdict["time"] - float(fault.group(1)) < 60

@@ -1,0 +1,71 @@
+"""Runs inside each rank for test_hccl.py under ``npudist launch --simulate MODE``: OUT_DIR/rank{R}.json.
+
+Raw ``torch.distributed`` calls meet the simulated HCCL's refusals; npudist's own calls (collectives,
+checkpoint flags, the run-dir lock) must get through them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import npudist
+from npudist import checkpoint
+from npudist.comm.buffers import aligned_empty
+from npudist.sim.state import SIM
+
+
+def refusal(fn) -> str | None:
+    try:
+        fn()
+    except Exception as exc:  # what the raw call raised, by name and text
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def main() -> None:
+    out_dir, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    ctx = npudist.init()
+    dev, rank, world = ctx.device, ctx.rank, ctx.world_size
+    r: dict = {"device": str(dev), "backend": ctx.backend, "accelerator": ctx.accelerator.name,
+               "row": SIM.row, "chip": None}
+    from npudist.sim.device import physical_chip
+
+    r["chip"] = physical_chip()
+    r["cpu_tensor"] = refusal(lambda: dist.all_reduce(torch.ones(4)))
+    t = aligned_empty(128, torch.float32, dev, 128).fill_(float(rank + 1))  # meets even the strict row
+    dist.all_reduce(t)
+    r["raw_sum_ok"] = bool((t.cpu() == sum(range(1, world + 1))).all())
+    r["raw_bf16"] = refusal(lambda: dist.all_reduce(torch.ones(128, dtype=torch.bfloat16, device=dev)))
+    r["raw_100"] = refusal(lambda: dist.all_reduce(torch.ones(100, device=dev)))
+    base = aligned_empty(129, torch.float32, dev, 128).fill_(1.0)
+    r["raw_misaligned"] = refusal(lambda: dist.all_reduce(base[1:]))
+    r["raw_strided"] = refusal(lambda: dist.all_reduce(torch.ones(256, device=dev)[::2]))
+    b = torch.full((100,), float(rank + 1), dtype=torch.bfloat16, device=dev)
+    npudist.all_reduce(b)  # npudist adapts to the active row: cast, pad
+    r["npudist_bf16_ok"] = b.device == dev and bool((b.cpu().float() == sum(range(1, world + 1))).all())
+    before = SIM.counts.calls["all_reduce"]
+    lock = checkpoint.lock_run_dir(str(run_dir))  # broadcasts its outcome
+    state = {"w": torch.arange(6.0, device=dev), "step": 3}
+    checkpoint.save(state, str(run_dir), 3)  # synchronous: ranks agree on success over the group
+    checkpoint.save(state, str(run_dir), 4, async_save=True).wait()
+    dist.barrier()  # rank 0 wrote it; the others read it after
+    found = checkpoint.load_latest(str(run_dir))
+    r["checkpoint_step"] = None if found is None else found[1]
+    r["checkpoint_values"] = None if found is None else found[0]["w"].tolist()
+    r["control_all_reduces"] = SIM.counts.calls["all_reduce"] - before
+    r["calls"] = dict(SIM.counts.calls)
+    r["refused"] = dict(SIM.counts.refused)
+    r["bytes"] = dict(SIM.counts.bytes)
+    npudist.shutdown()
+    if lock is not None:
+        lock.release()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

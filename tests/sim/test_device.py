@@ -1,0 +1,73 @@
+"""The simulated device: placement, aliasing, bitwise-equal training, memory counts, one device per process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npudist.sim import SimulationError, parse_mode
+from npudist.sim.device import SimDeviceError, physical_chip
+from tests.conftest import run_py
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    proc = run_py(["tests/sim/device_probe.py"], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def test_tensors_live_on_npu_and_views_alias(probe):
+    assert probe["alias"] == [0.0, 1.0, 1.0, 0.0]
+    assert probe["devices"] == ["npu:0"] * 4
+    assert probe["to_cpu_is_plain"]
+    assert probe["transpose_contiguous"] == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+
+
+def test_training_on_the_simulated_npu_is_bitwise_the_cpu(probe):
+    assert probe["bitwise_equal_training"]
+
+
+def test_memory_counts_real_bytes_once_per_storage(probe):
+    assert probe["allocated_delta"] == 1024 * 4
+    assert probe["freed_delta"] == 0
+    assert probe["reserved_at_least_allocated"]
+
+
+def test_one_device_per_process(probe):
+    assert probe["device_count"] == 1
+    assert probe["set_device_1"].startswith("Invalid device ID 1")
+    assert probe["event_ms_nonnegative"]
+
+
+def test_saved_tensors_are_host_tensors(probe):
+    assert probe["saved_as"] == ["cpu", [0.0, 1.0, 2.0]]
+
+
+def test_op_sampling_counts_a_subclass_op_once(probe):
+    assert probe["profiled_matmuls"] == 1
+    assert probe["row"] == "hccl"
+
+
+@pytest.mark.parametrize(("env", "chip"), [
+    ({"LOCAL_RANK": "3"}, 3),                                           # unset: the local rank's chip
+    ({"LOCAL_RANK": "1", "ASCEND_RT_VISIBLE_DEVICES": "6"}, 6),         # one chip per rank, named
+    ({"LOCAL_RANK": "1", "ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"}, 5),   # node-wide list: entry at local rank
+])
+def test_local_rank_to_physical_chip(env, chip):
+    assert physical_chip(env, chips=8) == chip
+
+
+@pytest.mark.parametrize("env", [{"LOCAL_RANK": "8"}, {"LOCAL_RANK": "2", "ASCEND_RT_VISIBLE_DEVICES": "0,1"},
+                                 {"ASCEND_RT_VISIBLE_DEVICES": "x"}])
+def test_chips_the_host_lacks_are_errors(env):
+    with pytest.raises(SimDeviceError):
+        physical_chip(env, chips=8)
+
+
+def test_modes_are_checked():
+    assert parse_mode(" NPU:Strict ") == "npu:strict"
+    with pytest.raises(SimulationError, match="choose one of npu, npu:strict"):
+        parse_mode("cuda")

@@ -1,0 +1,82 @@
+"""The simulated hccl refuses what HCCL refuses, and npudist's own messages still get through it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_npudist
+
+# Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+SCRIPT = "tests/sim/rank_hccl.py"
+
+
+def _ranks(tmp: Path, mode: str, nproc: int) -> dict[int, dict]:
+    out, run_dir = tmp / "out", tmp / "run"
+    out.mkdir()
+    proc = run_npudist(["launch", "--simulate", mode, "--nproc-per-node", str(nproc), SCRIPT, str(out),
+                        str(run_dir)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)}
+
+
+@pytest.fixture(scope="module")
+def default(tmp_path_factory) -> dict[int, dict]:
+    return _ranks(tmp_path_factory.mktemp("hccl"), "npu", 2)
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory) -> dict[int, dict]:
+    return _ranks(tmp_path_factory.mktemp("strict"), "npu:strict", 3)
+
+
+def test_each_rank_sees_one_chip_its_local_rank(default, strict):
+    for ranks in (default, strict):
+        for rank, r in ranks.items():
+            assert (r["device"], r["backend"], r["accelerator"]) == ("npu:0", "hccl", "npu-sim")
+            assert r["chip"] == rank  # one node: chip = local rank, as ASCEND_RT_VISIBLE_DEVICES=<local rank>
+
+
+def test_a_cpu_tensor_is_refused_with_the_real_message(default):
+    for r in default.values():
+        assert r["cpu_tensor"] == "RuntimeError: No backend type associated with device type cpu"
+        assert r["raw_sum_ok"]
+        assert r["raw_strided"] == "RuntimeError: Tensors must be contiguous"
+
+
+def test_default_row_takes_bf16_and_any_length(default):
+    for r in default.values():
+        assert r["row"] == "hccl"
+        assert r["raw_bf16"] is None and r["raw_100"] is None and r["raw_misaligned"] is None
+
+
+def test_strict_row_refuses_with_hccl_error_names(strict):
+    for r in strict.values():
+        assert r["row"] == "hccl-strict"
+        assert r["raw_bf16"].startswith("HcclError: HcclAllReduce failed: HCCL_E_NOT_SUPPORT (error code 5)")
+        assert r["raw_100"].startswith("HcclError: HcclAllReduce failed: HCCL_E_PARA (error code 1): count 100")
+        assert "128-byte aligned" in r["raw_misaligned"]
+        assert r["refused"]["HcclAllReduce"] >= 3
+
+
+def test_npudist_adapts_where_raw_calls_are_refused(default, strict):
+    for r in (*default.values(), *strict.values()):
+        assert r["npudist_bf16_ok"]
+
+
+def test_checkpoints_and_the_lock_use_device_tensors_on_hccl(default, strict):
+    # The synchronous save agrees on success over the group: a CPU flag would have been refused above.
+    for ranks in (default, strict):
+        for r in ranks.values():
+            assert r["checkpoint_step"] == 4 and r["checkpoint_values"] == [0, 1, 2, 3, 4, 5]
+            assert r["refused"].get("HcclBroadcast", 0) == 0
+
+
+def test_the_backend_counts_what_it_did(default):
+    r = default[0]
+    assert r["calls"]["all_reduce"] >= 3  # raw sum, npudist's bf16, checkpoint flags
+    assert r["bytes"]["all_reduce"] >= 128 * 4
