@@ -4,7 +4,10 @@ STEPS ?= 100
 METRICS_PORT ?= 9500
 RUN_DIR ?= runs/demo
 
-.PHONY: setup demo test lint
+PROM_PORT ?= 10190
+OBSERVE_STEPS ?= 20000
+
+.PHONY: setup demo test lint observe
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -15,6 +18,13 @@ demo: setup
 	$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
 		--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(STEPS) --run-dir $(RUN_DIR)
 	$(PYTHON) -m npudist report $(RUN_DIR) -o $(RUN_DIR)/report.html
+
+# The demo, long enough to watch (OBSERVE_STEPS, about 10 minutes on a laptop CPU), under a real Prometheus
+# on 127.0.0.1:$(PROM_PORT) that scrapes its ranks and evaluates npudist's alert rules; prints the URL.
+observe: setup
+	$(PYTHON) -m npudist observe --targets-file $(RUN_DIR)/targets.json --port $(PROM_PORT) -- \
+		$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
+		--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(OBSERVE_STEPS) --run-dir $(RUN_DIR)
 
 test: setup
 	$(PYTHON) -m ruff check src tests examples benchmarks

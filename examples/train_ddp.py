@@ -32,6 +32,7 @@ import npudist
 import npudist.telemetry
 from npudist import checkpoint
 from npudist.telemetry.job.run_log import open_run_log
+from npudist.telemetry.job.run_summary import RunSummary, checkpoint_lines
 
 
 def dump_flight_recorder(rank: int) -> None:
@@ -87,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "through the custom operator")
     p.add_argument("--no-telemetry", action="store_true",
                    help="no step timer, skew exchange, op sampling or metrics server (overhead baseline)")
+    p.add_argument("--every-rank-done", action="store_true",
+                   help="testing: every rank prints its 'rank=R done' line (otherwise rank 0 owns the console)")
     args = p.parse_args(argv)
     for name in ("steps", "exchange_every", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab",
                  "d_model", "layers", "log_every"):
@@ -241,6 +244,29 @@ def claim_run_dir(run_dir: str) -> checkpoint.RunDirLock | None:
         raise SystemExit(f"train_ddp.py: {exc}") from None
 
 
+def duration(seconds: float) -> str:
+    """42s, 3m05s, 1h02m: short enough for a progress line."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress(step: int, total: int, start: int, began: float, now: float) -> str:
+    """done=N/TOTAL elapsed=.. eta=..: the ETA extrapolates this process's own steps (not resumed ones)."""
+    elapsed = now - began
+    ran = step - start
+    eta = elapsed / ran * (total - step) if ran > 0 else math.nan
+    return f"done={step}/{total} elapsed={duration(elapsed)} eta={'?' if math.isnan(eta) else duration(eta)}"
+
+
+def last_checkpoint(run_dir: str | None) -> str:
+    steps = checkpoint.list_checkpoints(run_dir) if run_dir else []
+    return f"step {max(steps)} in {run_dir}" if steps else "none"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = npudist.init()
@@ -255,13 +281,19 @@ def main(argv: list[str] | None = None) -> None:
     ddp = npudist.ddp(model, **NO_BUFFER_SYNC)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx)
+    if start >= args.steps and ctx.is_main:
+        print(f"already at step {start} in {args.run_dir}: raise --steps (make demo STEPS=...) above {start} "
+              f"or remove {args.run_dir}", flush=True)
     window_start, window_samples = time.perf_counter(), 0
     # Metrics on NPUDIST_METRICS_PORT + local rank when set; skew exchange every 20 steps, ops every 100.
     telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
     timer = None
+    summary = RunSummary()
     if telemetry is not None:
         timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100, op_ranks=args.op_ranks)
         npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
+        if ctx.is_main:
+            timer.on_exchange.append(summary)
         if args.straggler_diagnosis and args.run_dir and ctx.is_main:
             from npudist.telemetry.job.straggler import StragglerDiagnosis
 
@@ -271,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     end_step = timer.step if timer else (lambda: None)
     # What `npudist report RUN_DIR` plots: RUN_DIR/metrics/rank{R}.jsonl
     runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start) if args.run_dir else None
+    began, step, saved = time.perf_counter(), start, None
+    interrupted = False
     try:
         end_step()  # starts the first step's clock
         for step in range(start + 1, args.steps + 1):
@@ -289,26 +323,42 @@ def main(argv: list[str] | None = None) -> None:
             window_samples += args.global_batch_size
             if step == 1 or step % args.log_every == 0 or step == args.steps:
                 loss_value = float(loss.detach())
-                elapsed = time.perf_counter() - window_start
+                now = time.perf_counter()
+                rate = window_samples / (now - window_start)
                 if runlog is not None:
-                    runlog.step(step, loss_value, seconds)
+                    runlog.step(step, loss_value, seconds, rate)
+                if telemetry is not None:
+                    telemetry.training_progress(loss=loss_value, samples_per_second=rate)
                 if ctx.is_main:
-                    print(f"step={step} loss={loss_value:.4f} samples/s={window_samples / elapsed:.1f} "
+                    print(f"step={step} loss={loss_value:.4f} samples/s={rate:.1f} "
+                          f"{progress(step, args.steps, start, began, now)} "
                           f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
                           flush=True)
                 window_start, window_samples = time.perf_counter(), 0
             if args.run_dir and (step % args.checkpoint_every == 0 or step == args.steps):
                 loss_value = float(loss.detach())
-                checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                                 "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
-                                keep=args.keep, async_save=not args.sync_checkpoints)
-        print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
+                saved = checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+                                         "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
+                                        keep=args.keep, async_save=not args.sync_checkpoints)
+        if args.every_rank_done or ctx.is_main:
+            print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
         if ctx.is_main:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
+            if isinstance(saved, checkpoint.SaveHandle):
+                saved.wait()  # the summary names the checkpoints on disk
+            lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None)
+            print("\n".join(f"summary: {line}" for line in lines), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C, or torchrun passing on a SIGINT: one line, no traceback
+        interrupted = True
+        if ctx.is_main:  # before the teardown, which may wait on peers that already left
+            print(f"interrupted at step {step}; last checkpoint {last_checkpoint(args.run_dir)}; "
+                  "run the same command to resume", flush=True)
     finally:
         # Ends what this rank started, in one order: run log, metrics server and poller, the last
         # background checkpoint write, the process group, then the run-directory lock.
         npudist.shutdown()
+    if interrupted:
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

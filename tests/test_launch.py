@@ -73,11 +73,12 @@ def test_dynamic_rendezvous_gives_every_round_a_fresh_store():
     # torchrun's shared store cannot take a node back after it left (the newcomer waits for an address
     # no agent publishes); tests/fault/test_restart.py shows the rejoin this makes work.
     dyn = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "t.py"]
-    assert plan(dyn, CPU, {}).env_updates == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    omp = {"OMP_NUM_THREADS": "1"}  # set by the user: launch adds nothing for it
+    assert plan(dyn, CPU, omp).env_updates == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     # the user's own choice stands; static and standalone rendezvous keep torchrun's default
-    assert plan(dyn, CPU, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}).env_updates == {}
-    assert plan(["--nproc-per-node", "2", "t.py"], CPU, {}).env_updates == {}
-    assert plan(["--standalone", "t.py"], CPU, {}).env_updates == {}
+    assert plan(dyn, CPU, {**omp, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}).env_updates == {}
+    assert plan(["--nproc-per-node", "2", "t.py"], CPU, omp).env_updates == {}
+    assert plan(["--standalone", "t.py"], CPU, omp).env_updates == {}
 
 
 def test_busy_master_port_is_refused_with_a_reason():
@@ -124,8 +125,12 @@ def test_example_trains_on_two_ranks_and_loss_falls():
     losses = [float(x) for x in re.findall(r"^step=\d+ loss=([\d.]+)", done.stdout, re.MULTILINE)]
     assert len(losses) >= 5
     assert losses[-1] < 0.6 * losses[0]  # ln(64) ~ 4.2 at the start; the pattern is learnable
-    assert "rank=0 done steps=100" in done.stdout and "rank=1 done steps=100" in done.stdout
-    assert "world=2 accelerator=cpu backend=gloo" in done.stdout
+    # rank 0 owns the console: progress with step N/total, elapsed, ETA and throughput; no other rank's lines
+    assert "rank=0 done steps=100" in done.stdout and "rank=1" not in done.stdout
+    assert re.search(r"^step=100 loss=[\d.]+ samples/s=[\d.]+ done=100/100 elapsed=\S+ eta=0s world=2 "
+                     r"accelerator=cpu backend=gloo$", done.stdout, re.MULTILINE), done.stdout
+    assert re.search(r"^step=50 .* done=50/100 elapsed=\S+ eta=\d", done.stdout, re.MULTILINE)
+    assert re.search(r"^summary: skew: \d+ of \d+ windows above", done.stdout, re.MULTILINE)
     assert re.search(r"^final step=100 loss=[\d.]+ params_sha256=[0-9a-f]{64}$", done.stdout, re.MULTILINE)
 
 
@@ -142,3 +147,39 @@ def test_cli_version_and_launch_errors():
     assert v.returncode == 0 and v.stdout.strip() == f"npudist {npudist.__version__}"
     bad = run_npudist(["launch", "--nproc-per-node", "0", "x.py"])
     assert bad.returncode == 2 and "--nproc-per-node '0'" in bad.stderr
+
+
+def test_help_leads_with_npudist_options_then_torchrun_passed_through():
+    res = run_npudist(["launch", "--help"])
+    assert res.returncode == 0
+    out = res.stdout
+    assert out.startswith("usage: npudist launch [npudist options] [torchrun options] SCRIPT")
+    assert out.index("npudist options:") < out.index("--accelerator") < out.index(
+        "torchrun options (passed through to torchrun):")
+    nproc = out[out.index("--nproc-per-node NPROC"):out.index("--rdzv-backend")]
+    assert "auto" in nproc and "gpu" not in nproc  # npudist refuses torchrun's gpu/cpu/xpu
+
+
+def test_no_script_and_a_missing_script_are_short_usage_errors(tmp_path):
+    bare = run_npudist(["launch"])
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert "give the training script" in bare.stderr and len(bare.stderr.splitlines()) <= 3
+    typo = run_npudist(["launch", "--nproc-per-node", "1", str(tmp_path / "trian.py")], timeout=60)
+    assert typo.returncode == 2 and "trian.py: no such file" in " ".join(typo.stderr.split())
+    assert "Root Cause" not in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_accelerator_flag_reaches_the_ranks_and_not_torchrun():
+    p = plan(["--accelerator", "cpu", "t.py"], CPU, {})
+    assert p.env_updates["NPUDIST_ACCELERATOR"] == "cpu"
+    assert "--accelerator" not in p.torchrun_argv
+    bad = run_npudist(["launch", "--accelerator", "tpu", "t.py"])
+    assert bad.returncode == 2 and "unknown accelerator 'tpu'" in bad.stderr
+
+
+def test_omp_threads_set_once_with_the_reason_unless_the_user_chose():
+    p = plan(["--nproc-per-node", "2", "t.py"], CPU, {})
+    assert p.env_updates["OMP_NUM_THREADS"] == "1"
+    assert len(p.notes) == 1 and "oversubscribe" in p.notes[0]
+    mine = plan(["--nproc-per-node", "2", "t.py"], CPU, {"OMP_NUM_THREADS": "4"})
+    assert "OMP_NUM_THREADS" not in mine.env_updates and mine.notes == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from types import MappingProxyType
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -35,22 +36,26 @@ def _root(
 
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    help="Start a distributed job: torchrun's options and SCRIPT [ARGS]; --nproc-per-node auto "
+    help="Start a distributed job: [npudist options] [torchrun options] SCRIPT [ARGS]; --nproc-per-node auto "
     "(the default) uses the detected accelerator's devices. --mpi runs one rank under mpirun. "
-    "`npudist launch --help` lists every option.",
+    "`npudist launch --help` lists npudist's options, then torchrun's.",
 )
 def launch(ctx: typer.Context) -> None:
+    from rich.markup import escape
+
     from npudist import launch as launcher
-    from npudist.accelerators import AcceleratorUnavailable, accelerator
+    from npudist.accelerators import AcceleratorUnavailable
 
     argv = list(ctx.args)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         launcher.parser().print_help()
         raise typer.Exit(0)
     try:
-        code = launcher.run(argv, accelerator())
+        if not argv:
+            raise launcher.LaunchError(f"give the training script to run (usage: {launcher.USAGE}; see --help)")
+        code = launcher.run(argv, launcher.accelerator_for(argv))
     except (launcher.LaunchError, AcceleratorUnavailable, ValueError) as exc:
-        err.print(f"[bold red]npudist launch:[/] {exc}")
+        err.print(f"[bold red]npudist launch:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 
@@ -59,23 +64,32 @@ _STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", 
 
 
 @app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails.")
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+           table: bool = typer.Option(None, "--table/--compact",
+                                      help="A table (default on a terminal) or plain lines (default in a pipe).")
+           ) -> None:
     import json
 
     from rich.table import Table
 
     from npudist import doctor as doc
+    from npudist.doctor.result import compact, summary_line
 
     results = doc.run_checks()
     if as_json:
         typer.echo(json.dumps(doc.as_document(results), indent=2))
         raise typer.Exit(doc.exit_code(results))
-    table = Table(title=f"npudist doctor ({__version__})", show_lines=False)
+    title = f"npudist doctor ({__version__})"
+    if not (sys.stdout.isatty() if table is None else table):
+        typer.echo("\n".join(compact(results, title)))
+        raise typer.Exit(doc.exit_code(results))
+    grid = Table(title=title, show_lines=False)
     for col in ("check", "status", "finding", "fix"):
-        table.add_column(col, overflow="fold")
+        grid.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
-    Console().print(table)
+        grid.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
+    Console().print(grid)
+    typer.echo(summary_line(results))
     raise typer.Exit(doc.exit_code(results))
 
 
@@ -153,6 +167,37 @@ def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds m
         err.print(f"[bold red]npudist report:[/] {exc}")
         raise typer.Exit(2) from None
     err.print(f"npudist report: wrote {out} ({len(data.problems)} unusable record(s) skipped)")
+    if not data.run_logs:
+        err.print(f"[yellow]npudist report: warning:[/] {run_dir} holds no run log (metrics/rank*.jsonl), so the "
+                  "page has no loss, step time or skew. Make one by running the job with a run directory: "
+                  "npudist launch examples/train_ddp.py --run-dir RUN_DIR")
+
+
+@app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file, print "
+                  "its URL, run COMMAND (e.g. the job) or wait for Ctrl-C. `make observe` runs the demo under it.")
+def observe(
+    command: Annotated[list[str] | None, typer.Argument(
+        help="After --: the job to run while Prometheus watches it.")] = None,
+    targets_file: str = typer.Option("runs/demo/targets.json", help="The job's `npudist launch --targets-file`."),
+    port: int = typer.Option(10190, help="Prometheus's port on 127.0.0.1."),
+    out: str = typer.Option("runs/observe", help="Folder for the exported rules, dashboards and Prometheus data."),
+    node_target: Annotated[list[str] | None, typer.Option(
+        help="`npudist exporter` HOST:PORT to scrape too (repeatable).")] = None,
+    prometheus: Annotated[str | None, typer.Option(help="Path of the prometheus binary (default: on PATH).")] = None,
+) -> None:
+    from pathlib import Path
+
+    from npudist.dashboards.observe import ObserveError, ObserveOptions
+    from npudist.dashboards.observe import observe as run_observe
+
+    opts = ObserveOptions(targets_file=Path(targets_file), out=Path(out), port=port,
+                          node_targets=tuple(node_target or ()), prometheus=prometheus)
+    try:
+        code = run_observe(opts, command or ())
+    except (ObserveError, OSError) as exc:
+        err.print(f"[bold red]npudist observe:[/] {exc}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -7,16 +7,20 @@ know (how many devices this accelerator has, a free port on a single node) and m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from npudist.accelerators import Accelerator
 from npudist.runtime.env import rank_info, torchrun_env
 from npudist.runtime.settings import (
+    ACCELERATOR_VAR,
     PORT_VAR,
     PROFILE_VAR,
     SIMULATE_MODES,
@@ -43,31 +47,70 @@ class LaunchPlan:
     targets_file: str | None = None
     targets: list[dict[str, object]] = field(default_factory=list)
     """Prometheus file_sd groups for the ranks started here, written to targets_file before they start."""
+    script: str | None = None
+    """The training script's path, checked before anything starts (None for -m MODULE and --no-python)."""
+    notes: list[str] = field(default_factory=list)
+    """What launch chose for the user and why, printed once to stderr before the ranks start."""
+
+
+USAGE = "npudist launch [npudist options] [torchrun options] SCRIPT [ARGS...]"
+DESCRIPTION = """\
+Start SCRIPT on every rank of this node through torchrun, with what torchrun cannot know filled in:
+--nproc-per-node defaults to one rank per device of the detected accelerator (2 on a CPU), a single-node
+job gets a free --master-port instead of 29500, and --metrics-port/--targets-file give Prometheus the ranks'
+endpoints (the file is emptied when the job ends). npudist's own options come first; every other option is
+torchrun's, passed through unchanged (https://pytorch.org/docs/stable/elastic/run.html)."""
+_HELP = MappingProxyType({
+    "nproc_per_node": "npudist: ranks on this node, a positive integer or auto (default) = one per device of "
+                      "the accelerator (NPUDIST_CPU_NPROC, default 2, on a CPU)",
+    "training_script": "the training script's path (checked before torchrun starts), then its own arguments",
+    "training_script_args": argparse.SUPPRESS,
+})
 
 
 def parser() -> argparse.ArgumentParser:
-    """torchrun's parser plus npudist's own options, so `--help` documents both."""
+    """torchrun's parser plus npudist's own options; `--help` lists npudist's first, torchrun's after."""
     from torch.distributed.run import get_args_parser
 
     p = get_args_parser()
-    p.prog = "npudist launch"
+    p.prog, p.usage, p.description = "npudist launch", USAGE, DESCRIPTION
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     # Options are matched whole: an abbreviation ("--metrics" for --metrics-port) would be acted on here
     # and still reach torchrun, which reads it its own way or fails on it.
     p.allow_abbrev = False
-    group = p.add_argument_group("npudist")
+    group = p.add_argument_group("npudist options")
+    group.add_argument("--accelerator", default=None, metavar="NAME",
+                       help="use this accelerator (npu, cuda, mlu, rknpu, cpu) instead of detecting one; "
+                       "the ranks get NPUDIST_ACCELERATOR=NAME")
     group.add_argument("--mpi", action="store_true",
                        help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="each rank serves Prometheus metrics on this port + its local rank")
     group.add_argument("--targets-file", default=None,
-                       help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints")
+                       help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
+                       "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")
     group.add_argument("--simulate", default=None, metavar="|".join(SIMULATE_MODES),
                        help="run every rank on the simulated Ascend NPU (npudist.sim) with a simulated hccl; "
                        "npu:strict also enforces the hccl-strict rules. `import torch_npu` loads the simulation")
+    for action in p._actions:  # torchrun's text offers gpu/cpu/xpu, which npudist answers itself
+        action.help = _HELP.get(action.dest, action.help)
+    p._optionals.title = "torchrun options (passed through to torchrun)"
+    p._positionals.title = "script"
+    # Help order: npudist's options, then the script, then torchrun's.
+    p._action_groups[:] = [group, p._positionals, *[g for g in p._action_groups if g not in (group, p._positionals)]]
     return p
 
 
-_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1})
+_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1,
+                          "--accelerator": 1})
+
+
+def accelerator_for(argv: Sequence[str]) -> Accelerator:
+    """The accelerator --accelerator names, else the detected one (or NPUDIST_ACCELERATOR's)."""
+    from npudist.accelerators import accelerator, get
+
+    ns, _, _ = _split(argv)
+    return get(ns.accelerator) if ns.accelerator else accelerator()
 
 
 def _option_given(tokens: Sequence[str], names: Sequence[str]) -> bool:
@@ -75,7 +118,7 @@ def _option_given(tokens: Sequence[str], names: Sequence[str]) -> bool:
 
 
 def _refuse(message: str):
-    raise LaunchError(f"{message} (usage: npudist launch [torchrun options] SCRIPT [ARGS]; see --help)")
+    raise LaunchError(f"{message} (usage: {USAGE}; see --help)")
 
 
 def _split(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -138,6 +181,7 @@ def _strip_ours(tokens: list[str]) -> list[str]:
     return out
 
 
+OMP_VAR = "OMP_NUM_THREADS"
 SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """Set for dynamic (c10d, etcd) rendezvous unless the user set it.
 
@@ -182,8 +226,16 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
             f"--master-port {ns.master_port} is already in use on this host (another job or a stale rank). "
             "Choose a free port or stop the process holding it."
         )
-    the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc)
+    the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc,
+                          script=None if ns.module or ns.no_python else tail[0])
     the_plan.env_updates.update(simulated)
+    if ns.accelerator:
+        the_plan.env_updates[ACCELERATOR_VAR] = ns.accelerator
+    if nproc > 1 and OMP_VAR not in env:
+        # torchrun sets the same value but warns about it in a banner on every launch; say it once, with why.
+        the_plan.env_updates[OMP_VAR] = "1"
+        the_plan.notes.append(f"{OMP_VAR}=1 for each of the {nproc} ranks, so they do not oversubscribe this "
+                              f"host's {os.cpu_count()} cores; export {OMP_VAR} to choose another value")
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
     return _with_metrics(the_plan, ns, env)
@@ -284,25 +336,108 @@ def _plan_mpi(ns: argparse.Namespace, head: list[str], tail: list[str], env: Map
         argv = [sys.executable, "-u", "-m", script, *args]
     else:
         argv = [sys.executable, "-u", script, *args]
-    return LaunchPlan("mpi", exec_argv=argv, exec_env=child_env)
+    if ns.accelerator:
+        child_env[ACCELERATOR_VAR] = ns.accelerator
+    return LaunchPlan("mpi", exec_argv=argv, exec_env=child_env,
+                      script=None if ns.module or ns.no_python else script)
+
+
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+_STOP_CHATTER = MappingProxyType({
+    "torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
+    "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s",
+})
+"""torchrun's warnings while it stops the ranks on a signal the user sent: the ranks say where they stopped
+(one line), so these lines (one per rank) only repeat that a stop was asked for."""
+
+
+def _not_stop_chatter(record: logging.LogRecord) -> bool:
+    return record.msg != _STOP_CHATTER.get(record.name)
+
+
+@contextlib.contextmanager
+def _quiet_stop() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _STOP_CHATTER]
+    for lg in loggers:
+        lg.addFilter(_not_stop_chatter)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(_not_stop_chatter)
+
+
+@contextlib.contextmanager
+def _published(the_plan: LaunchPlan) -> Iterator[None]:
+    """The targets file lists the ranks while they run and is emptied (``[]``) however the job ends.
+
+    An empty list, not a deleted file: Prometheus file_sd drops the ranks' targets at its next read, so a
+    job that ended pages no one, and the scrape config stays valid for the next job (the sbatch script
+    does the same with a trap, deploy/slurm.py).
+    """
+    if not the_plan.targets_file:
+        yield
+        return
+    from npudist.telemetry.exposition.targets import write_targets
+
+    write_targets(the_plan.targets_file, the_plan.targets)
+    try:
+        yield
+    finally:
+        write_targets(the_plan.targets_file, [])
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGINT/SIGHUP raise torchrun's SignalException from the first moment, not only once its agent
+    has started the workers (it installs the same handler then): the default action would end this
+    process without running the clean-up above."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def _raise(signum: int, _frame: object) -> None:
+        sig = signal.Signals(signum)
+        raise SignalException(f"npudist launch got {sig.name}", sigval=sig)
+
+    saved = {}
+    for name in _STOP_SIGNALS:
+        sig = getattr(signal, name)
+        saved[sig] = signal.signal(sig, _raise)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
-    """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script."""
-    the_plan = plan(argv, acc, dict(os.environ if env is None else env))
-    if the_plan.targets_file:
-        from npudist.telemetry.exposition.targets import write_targets
+    """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script.
 
-        write_targets(the_plan.targets_file, the_plan.targets)
+    Returns torchrun's outcome: 0, 1 when a rank failed (torchrun's summary on stderr), or 128 + the signal
+    number when stopped by a signal (the ranks say where they stopped; see examples/train_ddp.py).
+    """
+    the_plan = plan(argv, acc, dict(os.environ if env is None else env))
+    if the_plan.script is not None and not os.path.isfile(the_plan.script):
+        raise LaunchError(f"{the_plan.script}: no such file (the training script; for a module use -m MODULE)")
     os.environ.update(the_plan.env_updates)  # torchrun's workers inherit this process's environment
+    for note in the_plan.notes:
+        print(f"npudist launch: {note}", file=sys.stderr, flush=True)
     if the_plan.mode == "mpi":
+        # exec leaves nothing behind to clean up: under mpirun/srun the batch script's trap empties the file.
+        if the_plan.targets_file:
+            from npudist.telemetry.exposition.targets import write_targets
+
+            write_targets(the_plan.targets_file, the_plan.targets)
         os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
-        torchrun_main(the_plan.torchrun_argv)
+        with _stop_signals_raise(), _quiet_stop(), _published(the_plan):
+            torchrun_main(the_plan.torchrun_argv)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
         return 1
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
     return 0

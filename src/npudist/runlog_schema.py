@@ -166,11 +166,16 @@ KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
         Field("start_step", "count", "step the segment resumes after (0: a fresh run)", required=True),
         Field("npu_id", "count", "physical card the rank computes on (npu-smi NPU ID), when known"),
         Field("chip_id", "count", "chip on that card, when known"),
+        Field("argv", "text", "the command line of the script (sys.argv, shell-quoted)"),
+        Field("npudist_version", "text", "npudist's version"),
+        Field("torch_version", "text", "torch's version"),
+        Field("git_commit", "text", "commit of the git checkout holding the script, when it is one"),
     )),
     Kind("step", "every logged step", (
         Field("step", "count", "step number", required=True),
         Field("loss", "number", "training loss"),
         Field("step_seconds", "number", "StepTimer's wall time of the step"),
+        Field("samples_per_second", "number", "samples per second over the loop's logging window"),
     )),
     Kind("skew", "every StepTimer exchange", (
         Field("first_step", "count", "first step of the window", required=True),

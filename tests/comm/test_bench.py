@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -74,3 +75,17 @@ def test_a_silent_hung_rank_is_stopped_at_the_deadline(tmp_path):
     pid = int(pid_file.read_text())
     assert subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True,
                           timeout=10).stdout.strip() in ("", "Z")
+
+
+@pytest.mark.slow
+def test_off_a_terminal_rows_stream_and_end_with_the_average_bus_bandwidth():
+    proc = run_npudist(["bench", "collective", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "4K",
+                        "--blocks", "1", "--iters", "2"], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    rows = [line.split() for line in lines if re.match(r"^\s+\d+\s+\d+\s+float32", line)]
+    assert [r[0] for r in rows] == ["1024", "2048", "4096"]  # one line per size, in order, no table
+    assert "┃" not in proc.stdout and "│" not in proc.stdout
+    avg = re.fullmatch(r"# Avg bus bandwidth    : ([\d.]+) GB/s", lines[-1])
+    assert avg is not None and float(avg.group(1)) == pytest.approx(
+        sum(float(r[6]) for r in rows) / 3, abs=2e-3)

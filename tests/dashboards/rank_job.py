@@ -43,7 +43,9 @@ while True:
     if comm.all_reduce(stop, op="max").item():
         break
     with timer:
-        model(torch.randn(16, 32)).sum().backward()
+        loss = model(torch.randn(16, 32)).sum()
+        loss.backward()
+        tel.training_progress(loss=float(loss), samples_per_second=16.0)
         comm.all_reduce(torch.ones(16, 8).t())  # not contiguous: counted as a "contiguous" adaptation
         comm.all_reduce(torch.ones(64), async_op=True).wait()
         time.sleep(0.3 if ctx.rank == 1 else 0.0)

@@ -75,6 +75,32 @@ def test_every_alert_has_a_runbook_section_and_a_severity():
     assert {a.severity for a in ALERTS} == {"P1", "P2", "P3"}
 
 
+def test_alerts_carry_kube_prometheus_severity_and_an_absolute_runbook_url(tmp_path):
+    import yaml
+
+    res = run_npudist(["dashboards", "export", "--out", str(tmp_path),
+                       "--runbook-url", "https://wiki.example/npudist/runbook"], timeout=240)
+    assert res.returncode == 0, res.stderr
+    alerts = [r for g in yaml.safe_load((tmp_path / "prometheus" / "rules.yml").read_text())["groups"]
+              for r in g["rules"] if "alert" in r]
+    pairs = {(r["labels"]["severity"], r["labels"]["priority"]) for r in alerts}
+    assert pairs == {("critical", "P1"), ("warning", "P2"), ("info", "P3")}
+    for r in alerts:
+        assert r["annotations"]["runbook_url"] == f"https://wiki.example/npudist/runbook#{r['alert'].lower()}"
+    assert check_dir(tmp_path).problems == []
+    bad = run_npudist(["dashboards", "export", "--out", str(tmp_path), "--runbook-url", "docs/runbook.md"],
+                      timeout=240)
+    assert bad.returncode == 2 and "must be absolute" in bad.stderr
+
+
+def test_rank_and_node_exporter_down_are_separate_alerts():
+    from npudist.dashboards import ALERTS
+
+    by_name = {a.name: a for a in ALERTS}
+    assert "npudist-(node|exporter)" in by_name["NpudistExporterDown"].expr
+    assert "and on (job)" in by_name["NpudistRankDown"].expr  # only while the job's other ranks are up
+
+
 def test_alerts_and_docs_use_the_catalogue_thresholds():
     import re
 
@@ -96,3 +122,50 @@ def test_alerts_and_docs_use_the_catalogue_thresholds():
         text = (src / rel).read_text()
         for literal in ("0.12", "0.30", "0.3 ", "0.0008", "800 us", "> 10", "> 8", "30 %"):
             assert literal not in text, f"{rel} repeats threshold {literal!r}: read catalogue.THRESHOLDS"
+
+
+def test_every_panel_has_a_description():
+    missing = [f"{d.title} / {p.title}" for d in DASHBOARDS for p in d.panels if len(p.description.strip()) < 20]
+    assert missing == []
+
+
+def test_thresholds_bounds_links_and_full_rows():
+    from npudist.dashboards.limits import LIMITS
+    from npudist.telemetry.exposition.catalogue import THRESHOLDS
+
+    docs = {json.loads(t)["uid"]: json.loads(t) for p, t in files().items() if p.startswith("grafana/")}
+    panels = {(uid, p["title"]): p for uid, d in docs.items() for p in d["panels"]}
+
+    def steps(uid, title):
+        return [s["value"] for s in panels[(uid, title)]["fieldConfig"]["defaults"]["thresholds"]["steps"]][1:]
+
+    assert steps("npudist-training", "Cross-rank skew") == [THRESHOLDS["skew"].value]
+    assert steps("npudist-communication", "In-flight collectives (backlog)") == [
+        THRESHOLDS["backlog"].value, THRESHOLDS["backlog_critical"].value]
+    assert steps("npudist-memory", "Fragmentation per rank") == [THRESHOLDS["fragmentation"].value]
+    assert steps("npudist-operators", "Mean duration per operator and rank") == [THRESHOLDS["matmul_seconds"].value]
+    assert steps("npudist-devices", "Temperature") == [min(lim.celsius for lim in LIMITS)]
+    for (_uid, title), p in panels.items():
+        if p["fieldConfig"]["defaults"]["unit"] == "percentunit":
+            assert (p["fieldConfig"]["defaults"]["min"], p["fieldConfig"]["defaults"]["max"]) == (0, 1), title
+    for (_uid, title), p in panels.items():
+        if p["type"] == "timeseries":  # all-zero series hidden
+            assert p["fieldConfig"]["overrides"][0]["matcher"]["id"] == "byValue", title
+    for uid, d in docs.items():
+        assert d["links"][0]["type"] == "dashboards" and d["links"][0]["tags"] == ["npudist"], uid
+        rows: dict[int, int] = {}
+        for p in d["panels"]:
+            rows[p["gridPos"]["y"]] = rows.get(p["gridPos"]["y"], 0) + p["gridPos"]["w"]
+        assert set(rows.values()) == {24}, (uid, rows)  # every row full, no gaps
+
+
+def test_loss_throughput_and_checkpoint_panels_and_failure_alert():
+    from npudist.dashboards import ALERTS
+
+    exprs = " ".join(q.expr for d in DASHBOARDS for p in d.panels for q in p.queries)
+    for metric in ("npudist_training_loss", "npudist_training_samples_per_second",
+                   "npudist_checkpoint_snapshot_duration_seconds", "npudist_checkpoint_write_duration_seconds",
+                   "npudist_checkpoint_bytes_total", "npudist_checkpoint_failures_total"):
+        assert metric in exprs, metric
+    (failed,) = [a for a in ALERTS if a.name == "NpudistCheckpointFailed"]
+    assert "npudist_checkpoint_failures_total" in failed.expr

@@ -1,6 +1,8 @@
 """Every panel query returns data and every alert expression evaluates, against a real Prometheus scraping
 a real 2-rank training (one rank slowed) and real `npudist exporter` processes."""
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -102,7 +104,7 @@ def _wait_for(prom: Prometheus, expr: str, timeout: float) -> list:
 
 def test_straggler_alert_goes_pending_naming_rank_one(stack):
     found = _wait_for(stack, 'ALERTS{alertname="NpudistStraggler", alertstate=~"pending|firing"}', 90)
-    assert found[0]["metric"]["severity"] == "P2"
+    assert (found[0]["metric"]["severity"], found[0]["metric"]["priority"]) == ("warning", "P2")
     assert _series(stack, "max(npudist_straggler_rank)")[0]["value"][1] == "1"
 
 
@@ -154,3 +156,39 @@ def test_reliability_alerts_name_the_rank_on_the_card(stack):
     (rx,) = [s for s in _series(stack, next(a.expr for a in ALERTS if a.name == "NpudistOpticalPowerOutOfRange"))
              if s["metric"]["nic"] == "0" and s["metric"]["direction"] == "rx"]
     assert (rx["metric"]["rank"], rx["metric"]["device"], rx["metric"]["lane"]) == ("0", "3", "1")
+
+
+def test_a_finished_job_empties_its_targets_and_pages_no_one(tmp_path):
+    """End to end: ranks scraped, a clean exit, then no target left and no alert pending or firing, with the
+    down alerts' `for` cut to 1 s so one stale target would fire at once."""
+    base, targets, stop = free_pair(), tmp_path / "sd" / "npudist.json", tmp_path / "stop"
+    rules = tmp_path / "rules.yml"
+    rules.write_text(to_yaml(rules_document(with_for(ALERTS, NpudistExporterDown="1s", NpudistRankDown="1s"),
+                                            RECORDINGS)))
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
+         "--targets-file", str(targets), str(RANK_JOB), str(stop)],
+        env=child_env({"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"}), cwd=REPO,
+        stdout=(tmp_path / "launch.log").open("w"), stderr=subprocess.STDOUT)
+    prom = None
+    try:
+        end = time.monotonic() + 60
+        while not targets.exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        prom = Prometheus(tmp_path, rules, targets, [])
+        prom.wait_ready()
+        end = time.monotonic() + 90
+        while len(_series(prom, 'up{job="npudist"} == 1')) < 2:
+            assert time.monotonic() < end, "the two ranks were never scraped"
+            time.sleep(1)
+        stop.write_text("")
+        launch.wait(timeout=90)
+        assert launch.returncode == 0, (tmp_path / "launch.log").read_text()[-3000:]
+        assert json.loads(targets.read_text()) == []
+        time.sleep(6)  # file_sd re-reads every 1 s, rules evaluate every 1 s
+        assert _series(prom, 'up{job="npudist"}') == []
+        assert _series(prom, "ALERTS") == []
+    finally:
+        _stop(launch)
+        if prom is not None:
+            prom.stop()

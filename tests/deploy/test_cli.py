@@ -15,6 +15,8 @@ BAD = [
     (["k8s", "--monitor-label", "release"], "expected KEY=VALUE"),
     (["k8s", "--metrics-port", "9400", "--nproc-per-node", "2", "--accelerator", "cpu"], "--exporter-port 9400"),
     (["slurm", "--accelerator", "rocm"], "--accelerator 'rocm' is unknown"),
+    (["k8s", "--accelerator", "mlu"], "--accelerator mlu: not yet (no Cambricon row yet"),
+    (["slurm", "--accelerator", "rknpu"], "--accelerator rknpu: not yet (RK3588 boards"),
     (["slurm", "--nodes", "-1"], "--nodes -1"),
     (["slurm", "--sd-dir", "relative/sd"], "--sd-dir 'relative/sd': give an absolute path"),
     (["slurm", "--script", "train.py 'unclosed"], "--script"),
@@ -38,3 +40,15 @@ def test_k8s_and_slurm_write_their_files(tmp_path):
     res = CliRunner().invoke(app, ["deploy", "slurm", "--out", str(tmp_path / "s"), "--hosts", "n1"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "s" / "npudist.sbatch").stat().st_mode & 0o111
+
+
+
+def test_k8s_warns_on_the_placeholder_image_and_prints_the_next_command(tmp_path):
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "k"), "--accelerator", "cpu"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "is a placeholder no registry has" in text and "--image REGISTRY/NAME:TAG" in text
+    assert f"next: kubectl apply --server-side -k {tmp_path / 'k'}" in text
+    mine = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "m"), "--accelerator", "cpu",
+                                    "--image", "registry:5000/npudist:1.0"])
+    assert "placeholder" not in mine.output and "kubectl apply --server-side -k" in " ".join(mine.output.split())

@@ -64,7 +64,7 @@ def _train_under_fake_srun(tmp_path):
     sd = tmp_path / "sd"
     opts = SlurmOptions(accelerator="cpu", nodes=1, nproc_per_node=2, metrics_port=base, rdzv_port=rdzv,
                         sd_dir=str(sd), script=("examples/train_ddp.py", "--steps", "6", "--log-every", "3",
-                                                "--exchange-every", "3"))
+                                                "--exchange-every", "3", "--every-rank-done"))
     write_files(tmp_path / "out", files(opts), frozenset({SBATCH}))
     # `npudist` on PATH as an installed entry point would be; it records each task's arguments.
     shim = tmp_path / "bin" / "npudist"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -41,7 +42,26 @@ def test_shm_below_one_gib_warns_with_the_container_fix(tmp_path):
 def test_open_files_limit():
     low = checks.open_files(_host(nofile=lambda: (1024, 4096)))
     assert low.status == WARN and "1024" in low.finding and low.fix.startswith("ulimit -n 4096")
+    assert "hard limit is 4096" in low.fix  # 4096 is not enough either: say how to raise the hard limit
     assert checks.open_files(_host(nofile=lambda: (1048576, 1048576))).status == OK
+    roomy = checks.open_files(_host(nofile=lambda: (1024, 1048576)))
+    assert roomy.fix.startswith("ulimit -n 65536")
+
+
+def test_open_files_at_the_hard_limit_names_the_hard_limit_not_a_useless_ulimit():
+    stuck = checks.open_files(_host(nofile=lambda: (20000, 20000)))
+    assert stuck.status == WARN and not stuck.fix.startswith("ulimit -n 20000")
+    assert "hard limit is 20000" in stuck.fix and "limits.conf" in stuck.fix and "--ulimit nofile=" in stuck.fix
+
+
+def test_doctor_in_a_pipe_prints_compact_lines_and_a_summary():
+    res = run_npudist(["doctor"], timeout=180)
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("npudist doctor (")
+    assert re.fullmatch(r"\d+ ok, \d+ warn, \d+ fail, \d+ skip", lines[-1])
+    assert not any(ch in res.stdout for ch in "┃│┏")  # no table borders to break on an 80-column pipe
+    checked = [line for line in lines[1:-1] if not line.startswith(" ")]
+    assert all(line.split()[0] in ("ok", "warn", "fail", "skip") for line in checked)
 
 
 def test_master_addr_unresolvable_fails_and_busy_port_warns():

@@ -21,7 +21,7 @@ RESUMED = re.compile(r"^resumed from step=(\d+)", re.MULTILINE)
 
 def _train_args(run_dir, steps, every):
     return ["examples/train_ddp.py", "--steps", str(steps), "--run-dir", str(run_dir), "--checkpoint-every",
-            str(every), "--log-every", "1"]
+            str(every), "--log-every", "1", "--every-rank-done"]
 
 
 def _workers(parent: psutil.Process) -> list[psutil.Process]:

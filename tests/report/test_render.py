@@ -69,3 +69,30 @@ def test_problems_are_shown_and_text_is_escaped(tmp_path):
     assert len(data.problems) == 2
     assert 'class="problems" data-count="2"' in page
     assert "<b>run</b>" not in page and "&lt;b&gt;run&lt;/b&gt;" in page
+
+
+def test_axis_labels_read_as_people_write_numbers():
+    from npudist.report.svg import number_label
+
+    def labels(lo, hi):
+        ticks = nice_ticks(lo, hi)
+        return [number_label(t, ticks[1] - ticks[0]) for t in ticks]
+
+    assert labels(0, 100) == ["0", "20", "40", "60", "80", "100"]
+    assert labels(0, 6000) == ["0", "2k", "4k", "6k"]
+    assert labels(0, 2.5e6) == ["0", "500k", "1M", "1.5M", "2M", "2.5M"]
+    assert labels(0, 0.3) == ["0", "0.1", "0.2", "0.3"]
+
+
+def test_threshold_line_and_ratio_bounds():
+    from npudist.report.model import Series
+
+    svg = line_chart([Series("s", ((1.0, 0.05), (2.0, 0.08)))], title="t", x_label="x", y_label="y",
+                     threshold=0.12, y_max=1.0, y_from_zero=True)
+    assert 'class="threshold"' in svg and "threshold 0.12" in svg
+    ratio = line_chart([Series("u", ((1.0, 0.5), (2.0, 0.7)))], title="t", x_label="x", y_label="y",
+                       y_from_zero=True, y_max=1.0)
+    import re
+
+    y_ticks = re.findall(r'text-anchor="end" font-size="11">([^<]+)</text>', ratio)
+    assert y_ticks[0] == "0" and y_ticks[-1] == "1"  # a ratio axis ends at 1, not at the next round tick

@@ -29,7 +29,18 @@ def test_cli_writes_the_page_and_counts_skipped_lines(tmp_path):
     proc = run_npudist(["report", str(write_run(tmp_path / "run", bad_lines=True)), "-o", str(out)])
     assert proc.returncode == 0, proc.stderr
     assert "2 unusable record(s) skipped" in " ".join(proc.stderr.split())
-    assert out.read_text().count("<svg") == 7
+    page = out.read_text()
+    # 7 plots: charts, and one-sample series (the fixture's single skew window, device readings) as values
+    assert page.count("data-plot=") == 7 and page.count('class="single"') == 4
+
+
+def test_a_run_dir_without_run_logs_still_gets_a_page_and_a_warning(tmp_path):
+    (tmp_path / "run").mkdir()
+    out = tmp_path / "report.html"
+    proc = run_npudist(["report", str(tmp_path / "run"), "-o", str(out)])
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode == 0 and out.is_file()
+    assert "holds no run log" in message and "--run-dir RUN_DIR" in message
 
 
 def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess[str]:
@@ -38,6 +49,7 @@ def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two trainings, a benchmark and two browser runs on a shared machine
 @pytest.mark.skipif(CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)")
 def test_training_run_report_renders_in_chromium(tmp_path):
     run_dir = tmp_path / "run"
@@ -60,10 +72,22 @@ def test_training_run_report_renders_in_chromium(tmp_path):
 
     dom = _chromium(["--dump-dom", html.as_uri()], tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
+    # The summary card comes first, before any section, and answers how the run went.
+    body = dom.stdout
+    assert body.index('<dl class="card"') < body.index('<section id="summary"')
+    card = dict(re.findall(r"<dt>([^<]+)</dt><dd>([^<]*)</dd>", body))
+    assert card["steps"] == "25" and re.fullmatch(r"\d+\.\d{4}", card["final loss"])
+    assert float(card["best loss"]) <= float(card["final loss"])
+    assert "train_ddp.py" in card["command"] and card["world"] == "2"
+    assert card["versions"].startswith("npudist ") and "torch " in card["versions"]
+    # Step axis ticks read as numbers people write (0, 5, 10 ... 25), never 1e+1.
+    loss_svg = re.search(r'<svg[^>]*data-plot="loss".*?</svg>', body, re.DOTALL).group(0)
+    ticks = re.findall(r'text-anchor="(?:middle|end)" font-size="11">([^<]+)</text>', loss_svg)
+    assert {"10", "20"} <= set(ticks) and not [t for t in ticks if "e+" in t or "e-" in t], ticks
     plots = re.findall(r'data-plot="([^"]+)" data-series="(\d+)"', dom.stdout)
-    # loss and step time: one series per rank; skew: one; busbw: the one bench file
-    assert ("loss", "2") in plots and ("step-time", "2") in plots
-    assert ("skew", "1") in plots and ("busbw", "1") in plots
+    # loss and step time: one series per rank; busbw: the one bench file; the one skew window is a value
+    assert ("loss", "2") in plots and ("step-time", "2") in plots and ("busbw", "1") in plots
+    assert re.search(r'<div class="single" id="plot-skew" data-plot="skew">', body)
     shot = tmp_path / "shot.png"
     run = _chromium([f"--screenshot={shot}", "--window-size=1280,2000", html.as_uri()], tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]

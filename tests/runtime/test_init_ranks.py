@@ -102,7 +102,8 @@ def test_real_mpirun_without_master_addr_names_the_variable(out):
 
 def test_mpirun_npudist_launch_mpi_trains():
     cmd = [*_mpirun(), "-x", "PYTHONPATH", sys.executable, "-m", "npudist", "launch", "--mpi",
-           "--master-port", str(_free_port()), "examples/train_ddp.py", "--steps", "12", "--log-every", "4"]
+           "--master-port", str(_free_port()), "examples/train_ddp.py", "--steps", "12", "--log-every", "4",
+           "--every-rank-done"]
     done = subprocess.run(cmd, env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank=0 done steps=12" in done.stdout and "rank=1 done steps=12" in done.stdout

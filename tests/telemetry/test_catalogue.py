@@ -67,7 +67,9 @@ def test_issue_metric_names_are_all_catalogued():
         # issue 20: hangs
         "npudist_hang_stall_seconds",
         # issue 20: per-rank straggler signal
-        "npudist_rank_slowdown_ratio", "npudist_rank_straggler"]
+        "npudist_rank_slowdown_ratio", "npudist_rank_straggler",
+        # issue 24: what the training loop reports
+        "npudist_training_loss", "npudist_training_samples_per_second"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"

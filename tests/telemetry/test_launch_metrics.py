@@ -1,6 +1,10 @@
 import json
 import re
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -27,7 +31,8 @@ for _ in range(10):
         time.sleep(0.08 if ctx.rank == 1 else 0.02)  # rank 1 is the artificial straggler
 text = urllib.request.urlopen(tel.server.url, timeout=10).read().decode()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as f:
-    json.dump({"port": tel.server.port, "local_rank": ctx.local_rank, "metrics": text}, f)
+    json.dump({"port": tel.server.port, "local_rank": ctx.local_rank, "metrics": text,
+               "targets": open(os.path.join(sys.argv[1], "sd", "targets.json")).read()}, f)
 tel.close()
 npudist.shutdown()
 '''
@@ -56,7 +61,7 @@ def _free_base() -> int:
 def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
     base = _free_base()
     p = plan(["--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
-              str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {})
+              str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {"OMP_NUM_THREADS": "1"})
     assert p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
     assert p.targets_file == str(tmp_path / "t.json")
     assert p.targets == _doc(base)
@@ -65,7 +70,7 @@ def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
 
 
 def test_plan_without_metrics_changes_nothing():
-    p = plan(["--nproc-per-node", "2", "train.py"], CPU, {})
+    p = plan(["--nproc-per-node", "2", "train.py"], CPU, {"OMP_NUM_THREADS": "1"})
     assert p.env_updates == {} and p.targets_file is None
 
 
@@ -103,9 +108,9 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     res = run_npudist(["launch", "--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
                        str(targets), str(script), str(tmp_path)], env=env, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads(targets.read_text())
-    assert doc == _doc(base)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert json.loads(ranks[0]["targets"]) == _doc(base)  # listed while the ranks ran
+    assert json.loads(targets.read_text()) == []  # and no longer after they finished
     assert [(r["local_rank"], r["port"]) for r in ranks] == [(0, base), (1, base + 1)]
     fams0, fams1 = families(ranks[0]["metrics"]), families(ranks[1]["metrics"])
     # ASCEND_RT_VISIBLE_DEVICES=4,5 on a node whose NPU n holds logical chips 2n and 2n+1: both ranks
@@ -124,3 +129,37 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     (diagnosis,) = tmp_path.glob("straggler-step*.json")
     doc = json.loads(diagnosis.read_text())
     assert doc["straggler_rank"] == 1 and (doc["device"]["npu_id"], doc["device"]["chip_id"]) == (2, 1)
+
+
+SLEEPER = """
+import pathlib, sys, time
+pathlib.Path(sys.argv[1]).write_text("started")
+try:
+    time.sleep(120)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_launch_empties_its_targets_file(tmp_path, sig):
+    script, started, targets = tmp_path / "sleeper.py", tmp_path / "started", tmp_path / "targets.json"
+    script.write_text(SLEEPER)
+    proc = subprocess.Popen([sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "1", "--metrics-port",
+                             str(_free_base()), "--targets-file", str(targets), str(script), str(started)],
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.2)
+        assert started.exists(), proc.communicate(timeout=30)
+        assert json.loads(targets.read_text()) != []
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 128 + sig
+    assert json.loads(targets.read_text()) == []
+    assert "Traceback" not in err and "signal" not in err, err[-3000:]

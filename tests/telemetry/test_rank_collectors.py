@@ -100,3 +100,17 @@ def test_histogram_buckets_rejects_bad_shapes():
             continue
         raise AssertionError(f"{bad} accepted")
     assert math.isinf(INF)
+
+
+def test_training_progress_exports_loss_and_throughput_once_reported():
+    import pytest as _pytest
+
+    from npudist.telemetry.job.progress import ProgressMetrics
+
+    prog = ProgressMetrics(["0", "0", "n", "", ""])
+    assert [f.samples for f in prog.collect()] == [[], []]  # nothing until the loop reports
+    prog.report(loss=2.5, samples_per_second=812.0)
+    got = {f.name: f.samples[0].value for f in prog.collect()}
+    assert got == {"npudist_training_loss": 2.5, "npudist_training_samples_per_second": 812.0}
+    with _pytest.raises(ValueError, match="not a finite number"):
+        prog.report(loss=float("nan"))

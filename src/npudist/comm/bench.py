@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO
@@ -117,10 +118,28 @@ def _lines(stream: IO[str], out: queue.Queue) -> None:
     out.put(None)
 
 
-def run_ranks(cmd: list[str], total: int, timeout: float, console: Console, show: bool) -> None:
+ROW_HEADER = f"{'size (B)':>12} {'count':>12} {'type':>9} {'redop':>6} {'time (us)':>11} {'algbw (GB/s)':>12} " \
+             f"{'busbw (GB/s)':>12} {'#wrong':>6}"
+
+
+def row_line(r: dict) -> str:
+    """One result row as nccl-tests prints it while it runs: fixed-width columns, one line per size."""
+    return (f"{r['size_bytes']:>12} {r['count']:>12} {r['type']:>9} {r['redop']:>6} {r['time_us']:>11.1f} "
+            f"{r['algbw_gbps']:>12.3f} {r['busbw_gbps']:>12.3f} {r['wrong']:>6}")
+
+
+def average_busbw_line(rows: list[dict]) -> str:
+    """nccl-tests' closing line: the mean bus bandwidth over every size."""
+    avg = sum(r["busbw_gbps"] for r in rows) / len(rows) if rows else 0.0
+    return f"# Avg bus bandwidth    : {avg:.3f} GB/s"
+
+
+def run_ranks(cmd: list[str], total: int, timeout: float, console: Console, show: bool,
+              on_row: Callable[[dict], None] | None = None) -> None:
     """Start the ranks, follow rank 0's progress lines, and stop everything at the timeout.
 
     The lines are read on a thread, so the deadline holds even when a hung rank prints nothing.
+    ``on_row`` gets each size's raw row as soon as rank 0 measured it.
     """
     from npudist.comm.bench_rank import PROGRESS
 
@@ -140,8 +159,11 @@ def run_ranks(cmd: list[str], total: int, timeout: float, console: Console, show
                 if line is None:
                     break
                 if line.startswith(PROGRESS):
-                    done = int(line.split()[1])
+                    parts = line.split(maxsplit=4)
+                    done = int(parts[1])
                     progress.update(task, completed=done, description=f"{done}/{total} sizes")
+                    if on_row is not None and len(parts) == 5:
+                        on_row(json.loads(parts[4]))
         try:
             proc.wait(timeout=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
@@ -203,8 +225,18 @@ def collective(
         out = str(Path(tmp) / "result.json")
         cmd = rank_command(op, nproc, size_list, dtype, out, profile=profile, baseline=baseline,
                            baseline_dtype=baseline_dtype, odd=odd, blocks=blocks, iters=iters, redop=redop)
+        # Off a terminal (a log, CI, a pipe), print each size's row as it completes, as nccl-tests does.
+        streaming = not as_json and not sys.stdout.isatty()
+
+        def on_row(raw: dict) -> None:
+            typer.echo(row_line(summarise({"meta": {"op": op, "world": nproc}, "rows": [raw]})[0]))
+
+        if streaming:
+            typer.echo(f"# npudist bench collective {op} on {nproc} ranks")
+            typer.echo(ROW_HEADER)
         try:
-            run_ranks(cmd, len(size_list), timeout, console, show=not as_json)
+            run_ranks(cmd, len(size_list), timeout, console, show=not as_json and not streaming,
+                      on_row=on_row if streaming else None)
         except RuntimeError as exc:
             Console(stderr=True).print(f"[bold red]npudist bench collective:[/] {exc}")
             raise typer.Exit(1) from None
@@ -220,5 +252,7 @@ def collective(
             raise typer.Exit(1) from None
     if as_json:
         typer.echo(document)
-    else:
+        return
+    if not streaming:
         console.print(table(result["meta"], rows))
+    typer.echo(average_busbw_line(rows))

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
             row["raw_wrong"] = count_wrong(args.op, per, base_dtype, rank, world, raw=True, device=device)
         rows.append(row)
         if rank == 0:
-            print(f"{PROGRESS} {i + 1} {len(sizes)} {size}", flush=True)
+            print(f"{PROGRESS} {i + 1} {len(sizes)} {size} {json.dumps(row)}", flush=True)
     if rank == 0:
         meta = {"op": args.op, "world": world, "backend": ctx.backend, "profile": args.profile,
                 "blocks": args.blocks, "iters": args.iters, "odd": args.odd,

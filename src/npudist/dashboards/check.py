@@ -99,11 +99,15 @@ def rule_exprs(doc: Any) -> tuple[list[str], set[str], list[str]]:
                 recorded.add(r["record"])
             elif "alert" in r:
                 ann, labels = r.get("annotations", {}), r.get("labels", {})
-                if labels.get("severity") not in ("P1", "P2", "P3"):
-                    problems.append(f"alert {r['alert']}: severity label must be P1, P2 or P3")
-                for key in ("summary", "description", "runbook"):
+                if labels.get("severity") not in ("critical", "warning", "info"):
+                    problems.append(f"alert {r['alert']}: severity label must be critical, warning or info")
+                if labels.get("priority") not in ("P1", "P2", "P3"):
+                    problems.append(f"alert {r['alert']}: priority label must be P1, P2 or P3")
+                for key in ("summary", "description", "runbook_url"):
                     if not ann.get(key):
                         problems.append(f"alert {r['alert']}: no {key!r} annotation")
+                if not str(ann.get("runbook_url", "")).startswith(("https://", "http://", "file://")):
+                    problems.append(f"alert {r['alert']}: runbook_url must be an absolute URL")
     return problems, recorded, exprs
 
 

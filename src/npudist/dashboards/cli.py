@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from npudist.dashboards.rules import RUNBOOK_URL
+
 app = typer.Typer(no_args_is_help=True, help="Grafana dashboards and Prometheus rules for npudist metrics.")
 err = Console(stderr=True)
 
@@ -21,11 +23,17 @@ def export_cmd(
         help="`npudist exporter` HOST:PORT (repeatable; default 127.0.0.1:9400).")] = None,
     scrape_interval: str = typer.Option("15s", help="Prometheus scrape and rule evaluation interval."),
     prometheus_url: str = typer.Option("http://prometheus:9090", help="How Grafana reaches Prometheus."),
+    runbook_url: str = typer.Option(RUNBOOK_URL, help="Absolute URL of docs/runbook.md for your on-call; each "
+                                    "alert's runbook_url annotation links to its section."),
 ) -> None:
     from npudist.dashboards.export import ExportOptions, export
 
+    if not runbook_url.startswith(("https://", "http://", "file://")):
+        err.print(f"[bold red]npudist dashboards export:[/] --runbook-url {runbook_url!r} must be absolute "
+                  "(https://...): Alertmanager and Grafana show it as a link")
+        raise typer.Exit(2)
     opts = ExportOptions(targets_file=targets_file, node_targets=tuple(node_target or ["127.0.0.1:9400"]),
-                         scrape_interval=scrape_interval, prometheus_url=prometheus_url)
+                         scrape_interval=scrape_interval, prometheus_url=prometheus_url, runbook_url=runbook_url)
     try:
         written = export(out, opts)
     except OSError as exc:

@@ -18,7 +18,7 @@ import yaml
 
 from npudist.dashboards.grafana import dashboard_json
 from npudist.dashboards.panels import DASHBOARDS, Dashboard
-from npudist.dashboards.rules import ALERTS, RECORDINGS, Alert, Recording, rules_document, to_yaml
+from npudist.dashboards.rules import ALERTS, RECORDINGS, RUNBOOK_URL, Alert, Recording, rules_document, to_yaml
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +32,8 @@ class ExportOptions:
     """How Grafana reaches Prometheus (the compose service name by default)."""
     dashboards_path: str = "/var/lib/grafana/dashboards/npudist"
     """Where the grafana/ folder is mounted in the Grafana container."""
+    runbook_url: str = RUNBOOK_URL
+    """Absolute URL of docs/runbook.md as your on-call reads it; alerts link to its sections."""
 
 
 def prometheus_config(opts: ExportOptions) -> dict:
@@ -62,7 +64,7 @@ def files(opts: ExportOptions | None = None, dashboards: tuple[Dashboard, ...] =
     """Every exported file's text by relative path (pure: no I/O)."""
     opts = opts or ExportOptions()
     out = {f"grafana/{d.uid}.json": json.dumps(dashboard_json(d), indent=2) + "\n" for d in dashboards}
-    out["prometheus/rules.yml"] = to_yaml(rules_document(alerts, recordings))
+    out["prometheus/rules.yml"] = to_yaml(rules_document(alerts, recordings, opts.runbook_url))
     out["prometheus/prometheus.yml"] = yaml.safe_dump(prometheus_config(opts), sort_keys=False)
     out.update({path: yaml.safe_dump(doc, sort_keys=False) for path, doc in provisioning(opts).items()})
     return out

@@ -34,10 +34,16 @@ class Panel:
     queries: tuple[Query, ...]
     type: str = "timeseries"
     description: str = ""
+    """What the panel shows and what to do about it; every panel has one (tests/dashboards)."""
     width: int = 12
-    """Grid columns out of 24."""
+    """Grid columns out of 24 (grafana.py widens a row's last panel to fill the row)."""
     no_value: str = ""
     """What the panel shows when its query returns nothing (Grafana's ``noValue``); "" = Grafana's default."""
+    thresholds: tuple[tuple[float, str], ...] | None = None
+    """(value, colour) steps; None: derived by grafana.py from the catalogue's THRESHOLDS and the
+    temperature limits for the metrics the queries read."""
+    bounds: tuple[float | None, float | None] | None = None
+    """(min, max) of the axis; None: 0-1 for ratios (percentunit), else Grafana's automatic range."""
 
 
 @dataclass(frozen=True)
@@ -148,13 +154,24 @@ DEVICES = Dashboard(
     "npudist-devices", "npudist / Devices",
     "Per-device readings from `npudist exporter` for every vendor (npu-smi, rknpu, NVML, cpu).",
     (
-        Panel("Utilization", "percentunit", (_q(_dev("npudist_device_utilization_ratio"), _DEVICE_LEGEND),)),
-        Panel("Power", "watt", (_q(_dev("npudist_device_power_watts"), _DEVICE_LEGEND),)),
-        Panel("Temperature", "celsius", (_q(_dev("npudist_device_temperature_celsius"), _DEVICE_LEGEND),)),
+        Panel("Utilization", "percentunit", (_q(_dev("npudist_device_utilization_ratio"), _DEVICE_LEGEND),),
+              description="Share of time the device was busy, per device (0-1). Empty where the source does not "
+                          "report it (the cpu source reports the host CPU)."),
+        Panel("Power", "watt", (_q(_dev("npudist_device_power_watts"), _DEVICE_LEGEND),),
+              description="Board power draw per device. Empty where the source reports no power (the cpu source; "
+                          "rknpu boards without a power_usage node)."),
+        Panel("Temperature", "celsius", (_q(_dev("npudist_device_temperature_celsius"), _DEVICE_LEGEND),),
+              description="Device temperature; the colour turns red at the lowest vendor limit (limits.py) and "
+                          "NpudistDeviceTooHot fires above each vendor's own limit for 2 minutes. Empty for the "
+                          "cpu source."),
         Panel("Memory used / total", "bytes", (
             _q(_dev("npudist_device_memory_used_bytes"), "used " + _DEVICE_LEGEND),
-            _q(_dev("npudist_device_memory_total_bytes"), "total " + _DEVICE_LEGEND))),
-        Panel("Frequency", "hertz", (_q(_dev("npudist_device_frequency_hertz"), _DEVICE_LEGEND),)),
+            _q(_dev("npudist_device_memory_total_bytes"), "total " + _DEVICE_LEGEND)),
+              description="Device (HBM/VRAM) memory in use against the total per device. Empty where the source has "
+                          "no memory reading (rknpu boards without a memory_usage node)."),
+        Panel("Frequency", "hertz", (_q(_dev("npudist_device_frequency_hertz"), _DEVICE_LEGEND),),
+              description="Device clock; a drop under load means throttling. Empty where the source reports no clock "
+                          "(npu-smi's table has none; the cpu source gives the host CPU's)."),
         Panel("Health", "none", (_q(f"max by (node, vendor, device, chip, model, health) "
                                     f"(npudist_device_info{{{SEL}}})", ""),), type="table",
               description="One row per device; the health column is what the vendor tool prints."),
@@ -176,12 +193,17 @@ COMMUNICATION = Dashboard(
     "Collectives issued through npudist.comm: rate, latency, bandwidth, backlog and adaptations.",
     (
         Panel("Collective calls/s", "ops", (_q(f"sum by (op, backend) (rate(npudist_collective_calls_total{{{SEL}}}"
-                                                f"[{RATE}]))", _OP_LEGEND),)),
+                                                f"[{RATE}]))", _OP_LEGEND),),
+              description="Collectives issued through npudist.comm per second, by operation and backend. "
+                          "torch.distributed called directly is not counted."),
         Panel("Duration p50 / p99", "s", (
             _q(f"npudist:collective_duration_seconds:p50{{{SEL}}}", "p50 " + _OP_LEGEND),
-            _q(f"npudist:collective_duration_seconds:p99{{{SEL}}}", "p99 " + _OP_LEGEND))),
+            _q(f"npudist:collective_duration_seconds:p99{{{SEL}}}", "p99 " + _OP_LEGEND)),
+              description="Median and 99th percentile latency of each collective (recording rules over 1 minute). A "
+                          "growing p99 with a steady p50 points at one slow peer."),
         Panel("Payload bytes/s", "Bps", (_q(f"sum by (op, backend) (rate(npudist_collective_bytes_total{{{SEL}}}"
-                                            f"[{RATE}]))", _OP_LEGEND),)),
+                                            f"[{RATE}]))", _OP_LEGEND),),
+              description="Bytes handed to collectives per second (each rank's input tensor), by operation."),
         Panel("Bus bandwidth", "Bps", (_q('npudist:collective_busbw_bytes_per_second{job=~"$job"}', _OP_LEGEND),),
               description="Bytes per second of collective time times the nccl-tests bus factor "
                           "(all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1)."),
@@ -205,10 +227,14 @@ MEMORY = Dashboard(
     (
         Panel("Device memory used vs total", "bytes", (
             _q("sum by (node) (npudist_device_memory_used_bytes{node=~\"$node\"})", "used {{node}}"),
-            _q("sum by (node) (npudist_device_memory_total_bytes{node=~\"$node\"})", "total {{node}}"))),
+            _q("sum by (node) (npudist_device_memory_total_bytes{node=~\"$node\"})", "total {{node}}")),
+              description="Device memory per node from the node exporter; empty where the source has no memory "
+                          "reading."),
         Panel("Allocator reserved vs allocated", "bytes", (
             _q(f"npudist_allocator_reserved_bytes{{{SEL}}}", "reserved rank {{rank}}"),
-            _q(f"npudist_allocator_allocated_bytes{{{SEL}}}", "allocated rank {{rank}}"))),
+            _q(f"npudist_allocator_allocated_bytes{{{SEL}}}", "allocated rank {{rank}}")),
+              description="Each rank's caching allocator: memory reserved from the device against memory holding "
+                          "tensors. Empty on CPU (no allocator statistics)."),
         Panel("Fragmentation per rank", "percentunit", (
             _q(f"npudist_allocator_fragmentation_ratio{{{SEL}}}", "rank {{rank}}"),),
               description=f"1 - allocated/reserved; alerts above {_T['fragmentation'].value:g} for "
@@ -222,13 +248,17 @@ OPERATORS = Dashboard(
     "Self time per operator family from the profiled steps (one every op_every steps).",
     (
         Panel("p95 duration per operator", "s", (_q("npudist:op_duration_seconds:p95{job=~\"$job\"}", "{{op}}"),),
-              width=24),
+              width=24,
+              description="95th percentile self time per operator family over the profiled steps (5 minute window: "
+                          "samples are sparse)."),
         Panel("Mean duration per operator and rank", "s", (
             _q(f"npudist:op_duration_seconds:mean{{{SEL}}}", "{{op}} rank {{rank}}"),),
               description=f"The matmul alert fires above {_T['matmul_seconds'].value * 1e6:g} us for "
                           f"{_T['matmul_seconds'].for_words}."),
         Panel("Profiled operator calls/s", "ops", (
-            _q(f"sum by (op) (rate(npudist_op_duration_seconds_count{{{SEL}}}[{RATE}]))", "{{op}}"),)),
+            _q(f"sum by (op) (rate(npudist_op_duration_seconds_count{{{SEL}}}[{RATE}]))", "{{op}}"),),
+              description="Operator calls seen per second in the profiled steps (one step every op_every is "
+                          "profiled)."),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
 )
@@ -242,8 +272,11 @@ TRAINING = Dashboard(
     "npudist-training", "npudist / Training sync",
     "Step time per rank, cross-rank skew and the straggler, with its node's device temperature and clock.",
     (
-        Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{SEL}}}", "rank {{rank}}"),)),
-        Panel("Steps/s", "ops", (_q(f"sum by (rank) (rate(npudist_steps_total{{{SEL}}}[{RATE}]))", "rank {{rank}}"),)),
+        Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{SEL}}}", "rank {{rank}}"),),
+              description="Mean wall time of a training step per rank (1 minute). The slowest rank sets every rank's "
+                          "pace in synchronous training."),
+        Panel("Steps/s", "ops", (_q(f"sum by (rank) (rate(npudist_steps_total{{{SEL}}}[{RATE}]))", "rank {{rank}}"),),
+              description="Training steps completed per second per rank; zero while the job is stalled."),
         Panel("Cross-rank skew", "percentunit", (_q("max by (job) (npudist_step_skew_ratio{job=~\"$job\"})", "skew"),),
               description="stddev/mean of the ranks' work times per window. It dilutes as 1/sqrt(ranks) when one "
                           "rank is slow, so the straggler alert and diagnosis use the per-rank slowdown instead."),
@@ -261,15 +294,42 @@ TRAINING = Dashboard(
               description="Thermal throttling is the usual cause of one slow rank."),
         Panel("Straggler's node: slowest device clock", "hertz", (
             _q("npudist:node_device_frequency_hertz:min and on (node) "
-               "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9),
+               "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
+              description="The lowest device clock on the straggler's node; a clock below its peers' means "
+                          "throttling."),
         Panel("Straggler's own device: temperature", "celsius", (
             _q(f"npudist_device_temperature_celsius and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
               width=12, description="The card and chip the straggler rank computes on: rank metrics carry its "
                                     "device/chip labels (npu-smi NPU ID and chip); empty where the device source "
                                     "cannot locate it (CPU)."),
+        Panel("Training loss", "none", (_q(f"npudist_training_loss{{{SEL}}}", "rank {{rank}}"),),
+              description="The loss the training loop last reported (telemetry.training_progress). Empty when "
+                          "the loop does not call it."),
+        Panel("Samples/s", "none", (_q(f"sum by (job) (npudist_training_samples_per_second{{{SEL}}})", "{{job}}"),),
+              description="Throughput over the loop's logging window, summed over ranks that report it "
+                          "(examples/train_ddp.py reports the global batch on rank 0 only)."),
+        Panel("Checkpoint save: time blocking training", "s", (
+            _q(f"rate(npudist_checkpoint_snapshot_duration_seconds_sum{{{SEL}}}[{RATE}])\n  / "
+               f"rate(npudist_checkpoint_snapshot_duration_seconds_count{{{SEL}}}[{RATE}])", "rank {{rank}}"),),
+              width=6, description="Mean time a checkpoint save held the training loop (the host copy for "
+                                   "asynchronous saves). Empty between saves."),
+        Panel("Checkpoint write time", "s", (
+            _q(f"rate(npudist_checkpoint_write_duration_seconds_sum{{{SEL}}}[{RATE}])\n  / "
+               f"rate(npudist_checkpoint_write_duration_seconds_count{{{SEL}}}[{RATE}])", "rank {{rank}}"),),
+              width=6, description="Mean time to write, fsync, checksum and publish one checkpoint."),
+        Panel("Checkpoint bytes/s", "Bps", (
+            _q(f"rate(npudist_checkpoint_bytes_total{{{SEL}}}[{RATE}])", "rank {{rank}}"),), width=6,
+              description="Checkpoint bytes published per second (rank 0 counts every rank's shards)."),
+        Panel("Checkpoint failures", "short", (
+            _q(f"increase(npudist_checkpoint_failures_total{{{SEL}}}[10m])", "rank {{rank}}"),), width=6,
+              thresholds=((0, "green"), (1, "red")),
+              description="Failed checkpoint writes in the last 10 minutes; NpudistCheckpointFailed fires on any. "
+                          "Check disk space and the run directory's file system."),
         Panel("Straggler's own device: utilization", "percentunit", (
             _q(f"npudist_device_utilization_ratio and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
-              width=12),
+              width=12,
+              description="Utilization of the card and chip the straggler computes on; empty where the device source "
+                          "cannot locate it (CPU)."),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
      Variable("straggler", "npudist_straggler_rank", "")),

@@ -2,8 +2,11 @@
 
 Thresholds come from the catalogue's THRESHOLDS (backlog, straggler, fragmentation, matmul time; shared with the
 job's own checks and the README) or from ``limits.py``. Each
-alert carries ``severity`` (P1 page now, P2 look today, P3 look this week), a summary, a description naming
-the rank or device, and ``runbook``: a section of docs/runbook.md whose anchor is the alert name in lower case.
+alert carries two labels: ``severity`` in the kube-prometheus vocabulary that Alertmanager routes match on
+(critical, warning, info; https://runbooks.prometheus-operator.dev/) and ``priority`` (P1 page now, P2 look
+today, P3 look this week). Its annotations are a summary, a description naming the rank or device, and
+``runbook_url``: an absolute link (Alertmanager and Grafana render it as one) to a section of docs/runbook.md
+whose anchor is the alert name in lower case. Export with ``--runbook-url`` to point at your own copy.
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ from npudist.dashboards.limits import over_limit_expr
 from npudist.telemetry.exposition.catalogue import THRESHOLDS
 
 RUNBOOK = "docs/runbook.md"
-SEVERITIES = ("P1", "P2", "P3")
+RUNBOOK_URL = "https://github.com/npudist/npudist/blob/main/docs/runbook.md"
+"""Where ``runbook_url`` points unless the export names another copy (``--runbook-url``)."""
+SEVERITY_LABELS = MappingProxyType({"P1": "critical", "P2": "warning", "P3": "info"})
+SEVERITIES = tuple(SEVERITY_LABELS)
 JOB_MATCH = 'job=~"npudist.*"'
 """Scrape jobs npudist's exporters run under: name them npudist* (e.g. npudist, npudist-node)."""
+NODE_JOBS = 'job=~"npudist-(node|exporter).*"'
+"""The node exporters' jobs: npudist-node (exported prometheus.yml, Slurm) and npudist-exporter (the k8s
+ServiceMonitor takes the Service's name). Every other npudist* job scrapes training ranks."""
+RANK_JOBS = f'{JOB_MATCH}, job!~"npudist-(node|exporter).*"'
 WINDOW = "1m"
 
 
@@ -220,14 +230,28 @@ ALERTS: tuple[Alert, ...] = (
     Alert("NpudistDeviceDown", "npudist_device_up == 0", "2m", "P2",
           "Exporter cannot read a device",
           f"The exporter's latest read of {_DEVICE} failed or is stale."),
-    Alert("NpudistExporterDown", f"up{{{JOB_MATCH}}} == 0", "2m", "P1",
-          "npudist exporter not scraped",
-          "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}) for 2 minutes."),
+    # Only node exporters: a rank's target goes down with the rank, and after a clean exit `npudist launch`
+    # empties its targets file, so Prometheus stops scraping it instead of paging.
+    Alert("NpudistExporterDown", f"up{{{NODE_JOBS}}} == 0", "2m", "P2",
+          "Node exporter not scraped: device metrics missing",
+          "Prometheus cannot scrape the node exporter {{ $labels.instance }} (job {{ $labels.job }}) "
+          "for 2 minutes."),
+    Alert("NpudistRankDown",
+          f"up{{{RANK_JOBS}}} == 0\nand on (job) (max by (job) (up{{{RANK_JOBS}}}) == 1)", "1m", "P1",
+          "A training rank stopped answering while the job's other ranks are up",
+          "Prometheus cannot scrape the rank at {{ $labels.instance }} (job {{ $labels.job }}) while other "
+          "ranks of the job answer: that rank died or hangs, and the others will wait for it at the next "
+          "collective."),
     Alert("NpudistCollectorErrors",
           f"sum by (job, instance, collector, reason) (rate(npudist_collector_errors_total[{WINDOW}])) > 0",
           "5m", "P2", "A collector keeps failing",
           "Collector {{ $labels.collector }} on {{ $labels.instance }} fails with {{ $labels.reason }} "
           "for 5 minutes."),
+    Alert("NpudistCheckpointFailed",
+          "increase(npudist_checkpoint_failures_total[10m]) > 0", "0m", "P2",
+          "A checkpoint write failed",
+          f"{_WHERE} failed to write {{{{ $value }}}} checkpoint(s) in the last 10 minutes: a crash now would "
+          "lose more work than planned."),
     Alert("NpudistTrainingStalled",
           f"increase(npudist_steps_total[{WINDOW}]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "5m", "P1",
           "Training stalled: no step for 5 minutes while the job is up",
@@ -238,16 +262,17 @@ ALERTS: tuple[Alert, ...] = (
 
 
 def rules_document(alerts: tuple[Alert, ...] = ALERTS, recordings: tuple[Recording, ...] = RECORDINGS,
-                   runbook: str = RUNBOOK) -> dict[str, Any]:
+                   runbook_url: str = RUNBOOK_URL) -> dict[str, Any]:
     """The rules file as data: one recording group, one alert group."""
     return {"groups": [
         {"name": "npudist.recording", "rules": [
             {"record": r.record, "expr": r.expr, **({"labels": dict(r.labels)} if r.labels else {})}
             for r in recordings]},
         {"name": "npudist.alerts", "rules": [
-            {"alert": a.name, "expr": a.expr, "for": a.for_, "labels": {"severity": a.severity},
+            {"alert": a.name, "expr": a.expr, "for": a.for_,
+             "labels": {"severity": SEVERITY_LABELS[a.severity], "priority": a.severity},
              "annotations": {"summary": a.summary, "description": a.description,
-                             "runbook": f"{runbook}#{a.anchor}"}}
+                             "runbook_url": f"{runbook_url}#{a.anchor}"}}
             for a in alerts]},
     ]}
 

@@ -13,6 +13,7 @@ from npudist._version import __version__
 
 app = typer.Typer(no_args_is_help=True, help="Generate cluster deployments: Kubernetes manifests or a Slurm job.")
 err = Console(stderr=True)
+DEFAULT_IMAGE = f"npudist:{__version__}"
 
 Out = Annotated[Path, typer.Option("--out", help="Folder to write into (created; files replaced).")]
 Accel = Annotated[str, typer.Option(help="npu, cuda or cpu: node selector, resource and host mounts.")]
@@ -58,8 +59,9 @@ def k8s_cmd(
     out: Out,
     namespace: str = typer.Option("npudist", help="Namespace of every object."),
     accelerator: Accel = "npu",
-    image: str = typer.Option(f"npudist:{__version__}", help="Image with npudist, torch and the vendor's torch "
-                              "plugin, with a tag (npudist publishes none)."),
+    image: str = typer.Option(DEFAULT_IMAGE, help="Image with npudist, torch and the vendor's torch plugin, with a "
+                              "tag, in a registry your nodes pull from (npudist publishes none: the default "
+                              "is a placeholder, and deploy warns)."),
     nodes: Nodes = 2,
     nproc_per_node: Nproc = None,
     scheduler: str = typer.Option("kubeflow", help="kubeflow (PyTorchJob) or volcano (Volcano Job)."),
@@ -87,7 +89,13 @@ def k8s_cmd(
                           exporter_port=exporter_port, rdzv_port=rdzv_port,
                           service_account_token=service_account_token,
                           add_capabilities=tuple(add_capability or ()))
-        return files(opts), frozenset(), ()
+        notes = []
+        if image == DEFAULT_IMAGE:
+            notes.append(f"--image {DEFAULT_IMAGE} is a placeholder no registry has: the pods will not start "
+                         "(ImagePullBackOff). Build an image with npudist, torch and your vendor's plugin, push "
+                         "it, and pass --image REGISTRY/NAME:TAG")
+        notes.append(f"next: kubectl apply --server-side -k {out}   (then: kubectl -n {namespace} get pods -w)")
+        return files(opts), frozenset(), tuple(notes)
 
     _generate("k8s", build, out)
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from npudist._version import __version__
-from npudist.deploy.placement import PLACEMENTS, Placement
+from npudist.deploy.placement import NOT_YET, PLACEMENTS, Placement
 from npudist.telemetry.exposition.node_exporter import ExporterError, parse_interval
 
 SCHEDULERS = ("kubeflow", "volcano")
@@ -73,7 +73,10 @@ class JobOptions:
 
     def problems(self) -> list[str]:
         out = []
-        if self.accelerator not in PLACEMENTS:
+        if self.accelerator in NOT_YET:
+            out.append(f"--accelerator {self.accelerator}: not yet ({NOT_YET[self.accelerator]}); "
+                       f"deployable now: {', '.join(PLACEMENTS)}")
+        elif self.accelerator not in PLACEMENTS:
             out.append(f"--accelerator {self.accelerator!r} is unknown: choose one of {', '.join(PLACEMENTS)}")
         if len(self.name) > NAME_MAX or not _DNS_LABEL.fullmatch(self.name):
             out.append(f"--name {self.name!r}: use lower-case letters, digits and '-' (at most {NAME_MAX})")

@@ -104,3 +104,11 @@ _CPU = Placement(
 )
 
 PLACEMENTS: Mapping[str, Placement] = MappingProxyType({p.accelerator: p for p in (_NPU, _CUDA, _CPU)})
+
+NOT_YET: Mapping[str, str] = MappingProxyType({
+    "mlu": "no Cambricon row yet: its device plugin's resource name, node label and the host mounts cnmon "
+           "needs have not been checked on a real MLU cluster; run `npudist launch` on the nodes directly meanwhile",
+    "rknpu": "RK3588 boards have no Kubernetes device plugin or Slurm GRES to place ranks with; start one "
+             "rank per board with `npudist launch --mpi` under mpirun",
+})
+"""Accelerators npudist runs on but cannot deploy yet, with the reason (said instead of 'unknown')."""

@@ -235,13 +235,20 @@ def shm(host: Host) -> CheckResult:
 @check("open-files")
 def open_files(host: Host) -> CheckResult:
     soft, hard = host.nofile()
-    target = min(NOFILE_MIN, hard) if hard > 0 else NOFILE_MIN
     finding = f"open-files limit {soft} (hard {hard})"
-    if soft != -1 and soft < NOFILE_MIN:
-        return CheckResult("open-files", WARN, finding + f", below {NOFILE_MIN}: each rank holds sockets to "
-                           "its peers plus data-loader files", f"ulimit -n {target}"
-                           " (or raise nofile in /etc/security/limits.conf / the container runtime)")
-    return CheckResult("open-files", OK, finding)
+    if soft == -1 or soft >= NOFILE_MIN:
+        return CheckResult("open-files", OK, finding)
+    finding += f", below {NOFILE_MIN}: each rank holds sockets to its peers plus data-loader files"
+    # `ulimit -n` can raise the soft limit only up to the hard one; past it takes root (limits.conf,
+    # systemd LimitNOFILE=, the container runtime's --ulimit).
+    raise_hard = (f"the hard limit is {hard}: as root raise nofile to {NOFILE_MIN} in /etc/security/limits.conf "
+                  f"(or systemd LimitNOFILE=, docker run --ulimit nofile={NOFILE_MIN}:{NOFILE_MIN}), log in again")
+    if hard != -1 and hard < NOFILE_MIN:
+        fix = raise_hard + f", then ulimit -n {NOFILE_MIN}"
+        if soft < hard:
+            fix = f"ulimit -n {hard} now; for {NOFILE_MIN}, " + fix
+        return CheckResult("open-files", WARN, finding, fix)
+    return CheckResult("open-files", WARN, finding, f"ulimit -n {NOFILE_MIN} (the hard limit {hard} allows it)")
 
 
 @check("master-addr")

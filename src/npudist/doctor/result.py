@@ -21,3 +21,21 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+def summary_line(results: list[CheckResult]) -> str:
+    """``9 ok, 1 warn, 0 fail, 6 skip``: the verdict in one line."""
+    return ", ".join(f"{sum(r.status == s for r in results)} {s}" for s in STATUSES)
+
+
+def compact(results: list[CheckResult], title: str) -> list[str]:
+    """Plain lines for a pipe or a log: status, check, finding; the fix on its own indented line, unbroken so it
+    can be copied. Nothing wraps mid-token, whatever the width."""
+    width = max((len(r.name) for r in results), default=0)
+    out = [title]
+    for r in results:
+        out.append(f"{r.status:<4}  {r.name:<{width}}  {r.finding}")
+        if r.fix:
+            out.append(f"{'':<4}  {'':<{width}}  fix: {r.fix}")
+    out.append(summary_line(results))
+    return out

@@ -7,12 +7,18 @@ the later record wins, since that is the one the final model descends from.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from npudist.report.records import Problem, RunRecords
+from npudist.report.records import Problem, RunFile, RunRecords
+from npudist.telemetry.exposition.catalogue import THRESHOLDS
+
+SKEW_THRESHOLD = THRESHOLDS["skew"].value
+WORST_WINDOWS = 10
+"""Skew windows listed in the table (the chart shows them all)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,13 @@ class ReportData:
     device: dict[str, tuple[Series, ...]]
     """Device field -> one series per rank, x = seconds since the run's first record."""
     problems: tuple[Problem, ...]
+    card: tuple[tuple[str, str], ...] = ()
+    """The summary card at the top: how the run went, in label/value pairs."""
+    diagnoses: tuple[RunFile, ...] = ()
+    checkpoints: tuple[RunFile, ...] = ()
+    skew_threshold: float = SKEW_THRESHOLD
+    run_logs: int = 0
+    """Rank log files read (0: the page can only say how to make them)."""
 
 
 DEVICE_PLOTS = (
@@ -187,6 +200,54 @@ def summary(run: RunRecords) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _when(t: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):  # a time no calendar holds (hostile or corrupt record)
+        return "not recorded (record time out of range)"
+
+
+def _span(seconds: float) -> str:
+    if not _finite(seconds) or seconds > 1e12:
+        return "not recorded (record times out of range)"
+    s = round(seconds)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m {s % 60:02d}s" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
+    """The first screen: when, how long, how far, how well, how fast, and what was run where."""
+    if not run.records:
+        return (("run logs", "none: run the job with --run-dir RUN_DIR so each rank writes metrics/rank{R}.jsonl"),)
+    times = [r["time"] for r in run.records]
+    starts = [r for r in run.records if r["kind"] == "start"]
+    rank0 = [r for r in starts if r["rank"] == min(x["rank"] for x in starts)] if starts else []
+    steps = step_series(run.records, "loss")
+    losses = [y for _, y in steps[0].points] if steps else []
+    rates = [float(r["samples_per_second"]) for r in run.records
+             if r["kind"] == "step" and _finite(r.get("samples_per_second"))]
+
+    def latest(key: str) -> str:
+        found = [str(r[key]) for r in rank0 if r.get(key) is not None]
+        return found[-1] if found else "not recorded"
+
+    last_step = max((r["step"] for r in run.records if r["kind"] == "step"), default=None)
+    hosts = sorted({str(r["node"]) for r in starts if r.get("node")})
+    return (
+        ("started", _when(min(times))),
+        ("ended", _when(max(times))),
+        ("duration", _span(max(times) - min(times))),
+        ("steps", "not recorded" if last_step is None else str(last_step)),
+        ("final loss", f"{losses[-1]:.4f}" if losses else "not recorded"),
+        ("best loss", f"{min(losses):.4f}" if losses else "not recorded"),
+        ("mean samples/s", f"{sum(rates) / len(rates):.1f}" if rates else "not recorded"),
+        ("command", latest("argv")),
+        ("versions", f"npudist {latest('npudist_version')}, torch {latest('torch_version')}"),
+        ("git commit", latest("git_commit")),
+        ("hosts", ", ".join(hosts) or "not recorded"),
+        ("world", latest("world")),
+    )
+
+
 def build(run: RunRecords) -> ReportData:
     """Everything the page shows, computed from the records of one run directory."""
     times = [r["time"] for r in run.records]
@@ -200,4 +261,8 @@ def build(run: RunRecords) -> ReportData:
         bench=bench_series(run),
         device=device_series(run.records, t0),
         problems=tuple(run.problems),
+        card=card(run),
+        run_logs=run.rank_files,
+        diagnoses=tuple(run.diagnoses),
+        checkpoints=tuple(run.checkpoints),
     )

@@ -9,6 +9,7 @@ short, and nothing nests deeper than the format defines.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,16 @@ class BenchResult:
     """size_bytes (> 0) and busbw_gbps, both finite."""
 
 
+@dataclass(frozen=True)
+class RunFile:
+    """A file or checkpoint directory of the run the report links to."""
+
+    path: Path
+    step: int
+    size_bytes: int
+    mtime: float
+
+
 @dataclass
 class RunRecords:
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -47,6 +58,32 @@ class RunRecords:
     bench: list[BenchResult] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     rank_files: int = 0
+    diagnoses: list[RunFile] = field(default_factory=list)
+    """RUN_DIR/straggler-step<N>.json, by step."""
+    checkpoints: list[RunFile] = field(default_factory=list)
+    """RUN_DIR/step-<N>/ checkpoint directories (size: the files in them), by step."""
+
+
+_DIAGNOSIS = re.compile(r"^straggler-step(\d+)\.json$")
+_CHECKPOINT = re.compile(r"^step-(\d+)$")
+
+
+def run_files(root: Path) -> tuple[list[RunFile], list[RunFile]]:
+    """The straggler diagnoses and checkpoints under ``root`` (links only: their contents are not read)."""
+    diagnoses, checkpoints = [], []
+    for entry in sorted(root.iterdir()):
+        for pattern, out in ((_DIAGNOSIS, diagnoses), (_CHECKPOINT, checkpoints)):
+            m = pattern.match(entry.name)
+            if m is None:
+                continue
+            try:
+                st = entry.lstat()
+                size = sum(f.lstat().st_size for f in entry.iterdir() if f.is_file()) if entry.is_dir() \
+                    else st.st_size
+            except OSError:
+                continue
+            out.append(RunFile(entry, int(m.group(1)), size, st.st_mtime))
+    return sorted(diagnoses, key=lambda f: f.step), sorted(checkpoints, key=lambda f: f.step)
 
 
 class ReportError(ValueError):
@@ -187,4 +224,5 @@ def load_run(run_dir: str | Path) -> RunRecords:
         out.problems += problems
         if result is not None:
             out.bench.append(result)
+    out.diagnoses, out.checkpoints = run_files(root)
     return out

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from html import escape
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
-from npudist.report.model import DEVICE_PLOTS, ReportData, Series
-from npudist.report.svg import line_chart
+from npudist.report.model import DEVICE_PLOTS, WORST_WINDOWS, ReportData, Series
+from npudist.report.records import RunFile
+from npudist.report.svg import line_chart, number_label
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 980px; color: #222; }
@@ -18,6 +22,10 @@ td.l, th.l { text-align: left; }
 .not-recorded { color: #8a5a00; background: #fff6e0; padding: 6px 10px; border-left: 4px solid #e6a700; }
 .problems { color: #8b0000; }
 figure { margin: 8px 0; }
+.card { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; background: #f5f8fc;
+        border: 1px solid #c9d6e6; padding: 10px 14px; font-size: 14px; margin: 8px 0 16px; }
+.card dt { color: #555; } .card dd { margin: 0; font-weight: 600; word-break: break-all; }
+.value { font-size: 20px; font-weight: 600; }
 """
 
 NOT_RECORDED = MappingProxyType({
@@ -43,7 +51,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _chart(series: Sequence[Series], plot_id: str, title: str, x_label: str, y_label: str, **kw: bool) -> str:
+def _chart(series: Sequence[Series], plot_id: str, title: str, x_label: str, y_label: str, **kw: Any) -> str:
+    """A chart, or, when every series has a single sample, the values themselves: one point on axes says less."""
+    if all(len(x.points) == 1 for x in series):
+        rows = "".join(f'<li>{escape(x.name)}: <span class="value">{escape(number_label(x.points[0][1]))}</span> '
+                       f"at {escape(x_label)} {escape(number_label(x.points[0][0]))}</li>" for x in series)
+        return (f'<div class="single" id="plot-{escape(plot_id)}" data-plot="{escape(plot_id)}">'
+                f"<p>{escape(y_label)}: one sample</p><ul>{rows}</ul></div>")
     svg = line_chart(series, title=title, x_label=x_label, y_label=y_label, plot_id=plot_id, **kw)
     return f'<figure class="plot" id="plot-{escape(plot_id)}">{svg}</figure>'
 
@@ -70,10 +84,44 @@ def _skew(data: ReportData) -> str:
         return _not_recorded("skew")
     points = tuple((float(w.last_step), w.skew) for w in data.skew)
     series = (Series("skew (stddev / mean of rank step times)", points),)
-    rows = [(f"{w.first_step}-{w.last_step}", f"{w.skew:.4f}", str(w.straggler)) for w in data.skew]
+    above = [w for w in data.skew if w.skew > data.skew_threshold]
+    worst = sorted(data.skew, key=lambda w: (-w.skew, w.last_step))[:WORST_WINDOWS]
+    rows = [(f"{w.first_step}-{w.last_step}", f"{w.skew:.4f}", str(w.straggler)) for w in worst]
     return (_chart(series, "skew", "Step-time skew across ranks", "last step of window", "skew (ratio)",
-                   y_from_zero=True)
+                   y_from_zero=True, threshold=data.skew_threshold)
+            + f'<p data-above="{len(above)}">{len(above)} of {len(data.skew)} windows above the threshold '
+            f"{data.skew_threshold:g} (the NpudistStraggler alert's). The {len(worst)} worst:</p>"
             + _table(("steps", "skew", "slowest rank"), rows))
+
+
+def _link(path: Path) -> str:
+    return f'<a href="{escape(path.resolve().as_uri())}">{escape(path.name)}</a>'
+
+
+def _files(files: Sequence[RunFile], missing: str, headers: Sequence[str], size: bool) -> str:
+    if not files:
+        return f'<p class="not-recorded">{escape(missing)}</p>'
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join(
+        f'<tr><td class="l">{_link(f.path)}</td><td>{f.step}</td>'
+        + (f"<td>{escape(number_label(f.size_bytes))}B</td>" if size else "")
+        + f"<td>{escape(time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(f.mtime)))} UTC</td></tr>" for f in files)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _diagnoses(data: ReportData) -> str:
+    return _files(data.diagnoses, "None written (examples/train_ddp.py --straggler-diagnosis N writes one after N "
+                  "skewed windows in a row).", ("file", "step", "written"), size=False)
+
+
+def _checkpoints(data: ReportData) -> str:
+    return _files(data.checkpoints, "None in the run directory.", ("checkpoint", "step", "size", "saved"),
+                  size=True)
+
+
+def _card(data: ReportData) -> str:
+    items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in data.card)
+    return f'<dl class="card" id="card">{items}</dl>'
 
 
 def _comm(data: ReportData) -> str:
@@ -107,8 +155,10 @@ def _device(data: ReportData) -> str:
     for field_name, heading, y_label, _ in DEVICE_PLOTS:
         series = data.device.get(field_name)
         if series:
+            bounds = {"y_from_zero": True, "y_max": 1.0} if field_name.endswith("_ratio") else {}
             parts.append(f"<h3>{escape(heading)}</h3>"
-                         + _chart(series, field_name, heading, "seconds since the run's first record", y_label))
+                         + _chart(series, field_name, heading, "seconds since the run's first record", y_label,
+                                  **bounds))
         else:
             parts.append(f'<h3>{escape(heading)}</h3><p class="not-recorded" data-missing="{field_name}">'
                          f"Not recorded by this device source.</p>")
@@ -128,10 +178,13 @@ def _problems(data: ReportData) -> str:
 def render(data: ReportData, title: str) -> str:
     """The whole page; ``title`` (usually the run directory) is escaped like every other text."""
     sections = [
+        _card(data),
         _section("summary", "Run", _table(("", ""), data.summary, left=2)),
         _section("loss", "Loss", _loss(data)),
         _section("step-time", "Step time", _step_time(data)),
         _section("skew", "Skew and stragglers", _skew(data)),
+        _section("diagnoses", "Straggler diagnoses", _diagnoses(data)),
+        _section("checkpoints", "Checkpoints", _checkpoints(data)),
         _section("comm", "Collective time share", _comm(data)),
         _section("bench", "Bus bandwidth (npudist bench collective)", _bench(data)),
         _section("device", "Device", _device(data)),

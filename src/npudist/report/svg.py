@@ -47,13 +47,33 @@ def size_label(n: float) -> str:
     return f"{Decimal(n):.6g}"
 
 
+_SI = (("T", Decimal(10) ** 12), ("G", Decimal(10) ** 9), ("M", Decimal(10) ** 6), ("k", Decimal(1000)))
+
+
 def number_label(v: Decimal | float, step: Decimal | None = None) -> str:
-    """``v`` with enough significant digits that ticks ``step`` apart read differently (4 at least)."""
-    v = Decimal(v).normalize(_DEC)
+    """A tick label as people write it: 20, 40; 2k, 4.5k, 1M; 0.05; 1e-05 only where nothing shorter reads.
+
+    Enough significant digits that ticks ``step`` apart read differently (4 at least).
+    """
+    v = Decimal(v)
+    if v == 0:
+        return "0"
     digits = 4
-    if step is not None and v != 0:
+    if step is not None:
         digits = min(17, max(4, v.adjusted() - step.adjusted() + 1))
-    return f"{v:.{digits}g}"
+    for suffix, unit in _SI:
+        if abs(v) >= unit and v.adjusted() < 15:
+            return _plain(_DEC.divide(v, unit), digits) + suffix
+    if v.adjusted() >= 15 or v.adjusted() < -4:
+        return f"{v.normalize(_DEC):.{digits}g}"
+    return _plain(v, digits)
+
+
+def _plain(v: Decimal, digits: int) -> str:
+    """Fixed-point with at most ``digits`` significant digits and no trailing zeros (never an exponent)."""
+    q = Decimal(1).scaleb(v.adjusted() - digits + 1)
+    text = format(v.quantize(q, context=_DEC) if q < 1 else v.to_integral_value(context=_DEC), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 class _Axis:
@@ -84,8 +104,13 @@ class _Axis:
 
 
 def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, log2_x: bool = False,
-               y_from_zero: bool = False, width: int = 720, height: int = 320, plot_id: str = "") -> str:
-    """An <svg> with axes, ticks, one polyline (and point markers) per series, and a legend below it."""
+               y_from_zero: bool = False, width: int = 720, height: int = 320, plot_id: str = "",
+               threshold: float | None = None, y_max: float | None = None) -> str:
+    """An <svg> with axes, ticks, one polyline (and point markers) per series, and a legend below it.
+
+    ``threshold`` draws a dashed horizontal line (kept inside the y axis); ``y_max`` caps the y axis (ratios
+    end at 1) unless a point lies above it.
+    """
     points = [p for s in series for p in s.points if not log2_x or p[0] > 0]
     if not points:
         raise ValueError(f"chart {title!r} has no points to draw")
@@ -99,7 +124,13 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
     ys = [y for _, y in points]
     pw, ph = width - _MARGIN_L - _MARGIN_R, height - _MARGIN_T - _MARGIN_B
     x_axis = _Axis(min(xs), max(xs), integer_ticks=log2_x)
-    y_axis = _Axis(min(ys), max(ys), from_zero=y_from_zero)
+    y_hi = max(ys) if threshold is None else max(*ys, threshold)
+    y_axis = _Axis(min(ys), y_hi, from_zero=y_from_zero)
+    if y_max is not None and y_hi <= y_max:
+        y_axis.ticks = [t for t in y_axis.ticks if t <= Decimal(y_max)]
+        if y_axis.ticks[-1] < Decimal(y_max):
+            y_axis.ticks.append(Decimal(y_max))
+        y_axis.hi = Decimal(y_max)
 
     def px(x: float) -> float:
         return _MARGIN_L + x_axis.frac(xv(x)) * pw
@@ -124,6 +155,12 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
         out.append(f'<line x1="{_MARGIN_L}" y1="{y:.1f}" x2="{_MARGIN_L + pw}" y2="{y:.1f}" stroke="#e3e3e3"/>'
                    f'<text x="{_MARGIN_L - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">'
                    f"{escape(number_label(t, y_axis.step))}</text>")
+    if threshold is not None:
+        y = py(threshold)
+        out.append(f'<line class="threshold" x1="{_MARGIN_L}" y1="{y:.1f}" x2="{_MARGIN_L + pw}" y2="{y:.1f}" '
+                   f'stroke="#c00" stroke-dasharray="6 4" stroke-width="1.5"/>'
+                   f'<text x="{_MARGIN_L + pw - 4}" y="{y - 4:.1f}" text-anchor="end" font-size="11" fill="#c00">'
+                   f"threshold {escape(number_label(threshold))}</text>")
     out.append(f'<text x="{_MARGIN_L + pw / 2:.1f}" y="{_MARGIN_T + ph + 36}" text-anchor="middle" '
                f'font-size="12">{escape(x_label)}</text>')
     out.append(f'<text x="14" y="{_MARGIN_T + ph / 2:.1f}" text-anchor="middle" font-size="12" '

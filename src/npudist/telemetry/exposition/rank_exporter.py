@@ -24,6 +24,7 @@ from npudist.telemetry.exposition.server import DEFAULT_HOST, ExporterError, Met
 from npudist.telemetry.job.allocator import AllocatorCollector
 from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
 from npudist.telemetry.job.comm_metrics import CommCollector
+from npudist.telemetry.job.progress import ProgressMetrics
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from npudist.telemetry.sources.poller import Poller
 from npudist.telemetry.sources.readings import DeviceReading, RankDevice, Source, SourceError
@@ -48,6 +49,13 @@ class RankTelemetry:
     """Waits for this rank's device (None on CPU), so step times include the device's work."""
     device: RankDevice | None = None
     """The physical device this rank computes on, when the device source can tell."""
+    progress: ProgressMetrics | None = None
+
+    def training_progress(self, *, loss: float | None = None, samples_per_second: float | None = None) -> None:
+        """Export the loop's loss and throughput (npudist_training_loss, npudist_training_samples_per_second);
+        call it where the loop logs them."""
+        if self.progress is not None:
+            self.progress.report(loss=loss, samples_per_second=samples_per_second)
 
     def vitals(self) -> tuple[float | None, float | None, float | None]:
         """This rank's device temperature, frequency and utilization from the last device read."""
@@ -138,7 +146,10 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         registry.register(AllocatorCollector(lambda: acc.memory_stats(index), health, labels))
     registry.register(CommCollector(health, labels))
     registry.register(CheckpointCollector(health, labels))
-    telemetry = RankTelemetry(registry, health, training, device_type, local_rank, device=device)
+    progress = ProgressMetrics(labels)
+    registry.register(progress)
+    telemetry = RankTelemetry(registry, health, training, device_type, local_rank, device=device,
+                              progress=progress)
     runtime.own("telemetry", telemetry.close)
     if ctx is not None and device_type != "cpu":
         telemetry.synchronize = lambda: ctx.accelerator.synchronize(ctx.device.index)

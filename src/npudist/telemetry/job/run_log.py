@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shlex
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +42,44 @@ def _number(value: float | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def step_record(step: int, loss: float | None, step_seconds: float | None) -> dict[str, Any]:
-    return {"kind": "step", "step": int(step), "loss": _number(loss), "step_seconds": _number(step_seconds)}
+def step_record(step: int, loss: float | None, step_seconds: float | None,
+                samples_per_second: float | None = None) -> dict[str, Any]:
+    out = {"kind": "step", "step": int(step), "loss": _number(loss), "step_seconds": _number(step_seconds)}
+    if samples_per_second is not None:
+        out["samples_per_second"] = _number(samples_per_second)
+    return out
+
+
+GIT_TIMEOUT_S = 5.0
+
+
+def git_commit(path: str | Path) -> str | None:
+    """The commit of the git checkout holding ``path`` (None when it is not one or git is missing)."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        done = subprocess.run([git, "-C", str(Path(path).resolve().parent), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else None
+
+
+def provenance(argv: list[str] | None = None) -> dict[str, str]:
+    """What the report's summary card shows about how the run was started: command, versions, commit."""
+    import torch
+
+    from npudist._version import __version__
+
+    argv = list(sys.argv if argv is None else argv)
+    out = {"argv": shlex.join(argv)[: schema.MAX_TEXT], "npudist_version": __version__,
+           "torch_version": str(torch.__version__)}
+    commit = git_commit(argv[0]) if argv and argv[0] else None
+    if commit:
+        out["git_commit"] = commit
+    return out
 
 
 def skew_record(report: SkewReport) -> dict[str, Any]:
@@ -109,13 +149,15 @@ class RunLog:
               device: RankDevice | None = None) -> None:
         """The segment's first record; ``device`` is the physical card and chip this rank computes on."""
         where = {} if device is None else {"npu_id": device.device_id, "chip_id": device.chip_id}
+        about = provenance() if self.rank == 0 else {}  # one rank is enough for the report's card
         self.write({"kind": "start", "world": world, "node": node_name(), "accelerator": accelerator,
-                    "backend": backend, "start_step": start_step, **where})
+                    "backend": backend, "start_step": start_step, **where, **about})
 
-    def step(self, step: int, loss: float | None, step_seconds: float | None) -> None:
+    def step(self, step: int, loss: float | None, step_seconds: float | None,
+             samples_per_second: float | None = None) -> None:
         """A logged step, plus this rank's device reading when a device source has a new one (the poller
         reads every 15 s, so most steps see the reading already written)."""
-        self.write(step_record(step, loss, step_seconds))
+        self.write(step_record(step, loss, step_seconds, samples_per_second))
         reading = self.readings() if self.readings is not None else None
         record = device_record(reading) if reading is not None else None
         if record is not None and record != self._last_device:

@@ -1,0 +1,113 @@
+"""`npudist observe`: a real Prometheus on 127.0.0.1 scraping a running job, with npudist's rules loaded.
+
+It exports the dashboards and rules (export.py) with the scrape config pointed at the job's targets file,
+starts Debian's ``prometheus`` on them, prints the URL to open, and runs until Ctrl-C or, given a command
+(the training job), until that command ends. Grafana is not in this project's package sources (Debian has
+no grafana package), so it prints how to start Grafana on the exported provisioning instead of starting one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npudist.dashboards.export import ExportOptions, export
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+class ObserveError(RuntimeError):
+    """Observe cannot start as asked; the message says what to change."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObserveOptions:
+    targets_file: Path
+    """The file `npudist launch --targets-file` writes (it may not exist yet: Prometheus waits for it)."""
+    out: Path
+    """Folder for the exported files and Prometheus's data."""
+    port: int = 10190
+    node_targets: tuple[str, ...] = field(default_factory=tuple)
+    prometheus: str | None = None
+    """Path of the prometheus binary (None: the one on PATH)."""
+    scrape_interval: str = "5s"
+
+
+def prometheus_binary(given: str | None) -> str:
+    found = given or shutil.which("prometheus")
+    if not found or not Path(found).is_file():
+        raise ObserveError(f"no Prometheus binary{f' at {given}' if given else ' on PATH'}: install Debian's "
+                           "(sudo apt-get install prometheus) or pass --prometheus PATH")
+    return found
+
+
+def grafana_hint(out: Path, url: str) -> str:
+    """How to see the dashboards: Grafana from its own image, provisioned from the exported folder."""
+    return (f"Grafana is not installable from this machine's package sources; to see the dashboards run\n"
+            f"  docker run --rm --network host -v {out / 'provisioning'}:/etc/grafana/provisioning:ro "
+            f"-v {out / 'grafana'}:/var/lib/grafana/dashboards/npudist:ro grafana/grafana\n"
+            f"then open http://127.0.0.1:3000 (admin/admin); its data source is {url}.")
+
+
+def _ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise ObserveError(f"prometheus exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise ObserveError(f"prometheus not ready at {url} within {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def observe(opts: ObserveOptions, command: Sequence[str] = (), say: Callable[[str], None] = print) -> int:
+    """Start Prometheus, print where to look, run ``command`` (or wait for Ctrl-C), stop Prometheus.
+
+    Returns the command's exit code (0 without a command)."""
+    binary = prometheus_binary(opts.prometheus)
+    url = f"http://127.0.0.1:{opts.port}"
+    out = opts.out.resolve()
+    export(out, ExportOptions(targets_file=str(opts.targets_file.resolve()), node_targets=opts.node_targets,
+                              scrape_interval=opts.scrape_interval, prometheus_url=url,
+                              dashboards_path="/var/lib/grafana/dashboards/npudist"))
+    log = (out / "prometheus.log").open("w")
+    proc = subprocess.Popen([binary, f"--config.file={out / 'prometheus' / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={out / 'tsdb'}", f"--web.listen-address=127.0.0.1:{opts.port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _ready(url, proc, READY_TIMEOUT_S)
+        say(f"npudist observe: Prometheus at {url}  (targets: {url}/targets, alerts: {url}/alerts, "
+            f"loss: {url}/graph?g0.expr=npudist_training_loss)")
+        say(f"npudist observe: scraping the ranks listed in {opts.targets_file}; log in {out / 'prometheus.log'}")
+        say(grafana_hint(out, url))
+        if command:
+            return subprocess.run(list(command), check=False).returncode
+        say("npudist observe: Ctrl-C to stop")
+        while proc.poll() is None:
+            time.sleep(1)
+        raise ObserveError(f"prometheus exited with {proc.returncode}; see {out / 'prometheus.log'}")
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(proc)
+        log.close()

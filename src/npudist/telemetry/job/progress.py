@@ -1,0 +1,48 @@
+"""Loss and throughput as metrics: what the training loop already computes, set by one call.
+
+    telemetry = npudist.telemetry.serve_rank_metrics(ctx)
+    telemetry.training_progress(loss=float(loss), samples_per_second=rate)   # whenever the loop logs
+
+The values are the loop's own (the last logged loss, its samples/s over the logging window); a series
+appears once the loop first reports, so a job that never calls it exports nothing rather than zeros.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import Metric
+
+from npudist.telemetry.exposition.catalogue import family
+
+
+class ProgressMetrics:
+    """A collector holding the latest values the loop reported (thread-safe: the scrape runs elsewhere)."""
+
+    def __init__(self, rank_labels: Sequence[str]) -> None:
+        self.labels = list(rank_labels)
+        self._lock = threading.Lock()
+        self._loss: float | None = None
+        self._rate: float | None = None
+
+    def report(self, *, loss: float | None = None, samples_per_second: float | None = None) -> None:
+        """Record the loop's latest loss and throughput; None leaves a value as it was."""
+        for name, value in (("loss", loss), ("samples_per_second", samples_per_second)):
+            if value is not None and not math.isfinite(float(value)):
+                raise ValueError(f"training_progress: {name}={value!r} is not a finite number")
+        with self._lock:
+            if loss is not None:
+                self._loss = float(loss)
+            if samples_per_second is not None:
+                self._rate = float(samples_per_second)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            loss, rate = self._loss, self._rate
+        for name, value in (("npudist_training_loss", loss), ("npudist_training_samples_per_second", rate)):
+            fam = family(name)
+            if value is not None:
+                fam.add_metric(self.labels, value)
+            yield fam

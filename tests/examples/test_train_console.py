@@ -1,0 +1,86 @@
+"""What a user sees on the console of examples/train_ddp.py under `npudist launch`: rank 0's progress, an
+end-of-run summary, a re-run that has nothing to do, and Ctrl-C."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, child_env, run_npudist
+
+pytestmark = pytest.mark.slow
+SMALL = ["--d-model", "16", "--layers", "1", "--seq-len", "8", "--global-batch-size", "8"]
+SKEW_LINE = re.compile(r"^(?!summary: ).*\bskew", re.IGNORECASE | re.MULTILINE)
+"""A console line about skew other than the summary's, whatever its wording."""
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    """A 200-step run with rank 1 slowed by 30 ms a step: every 20-step window is skewed."""
+    run_dir = tmp_path_factory.mktemp("console") / "run"  # no "skew" in the paths the log prints
+    done = run_npudist(["launch", "--nproc-per-node", "2", "examples/train_ddp.py", "--steps", "200",
+                        "--run-dir", str(run_dir), "--slow-rank", "1", "--slow-ms", "30", "--log-every", "50",
+                        "--checkpoint-every", "100", "--straggler-diagnosis", "2", *SMALL],
+                       env=child_env(), timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir, done
+
+
+def test_a_skewed_run_ends_with_a_summary(skewed):
+    run_dir, done = skewed
+    summary = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
+    assert len(summary) == 3, done.stdout
+    skew = re.match(r"summary: skew: (\d+) of 10 windows above 0.12 \(worst [\d.]+ over steps \d+-\d+\); "
+                    r"straggler rank 1 in (\d+) of them$", summary[0])
+    assert skew is not None and int(skew.group(1)) >= 5, summary[0]
+    (diagnosis,) = run_dir.glob("straggler-step*.json")
+    assert summary[1] == f"summary: straggler diagnoses: {diagnosis}"
+    assert re.match(rf"summary: checkpoints: 2 written in {re.escape(str(run_dir))} \(kept: step 100, step 200\); "
+                    r"save blocked training \d+ ms and wrote for \d+ ms on average; 0 failed$", summary[2])
+
+
+def test_a_skewed_run_prints_at_most_two_skew_lines(skewed):
+    """Once when the job becomes skewed, once when it recovers (the straggler issue's rule; until that is
+    merged every skewed window prints one line)."""
+    _run_dir, done = skewed
+    console = done.stdout + done.stderr
+    assert len(SKEW_LINE.findall(console)) <= 2, console[-4000:]
+
+
+def test_a_second_run_says_there_is_nothing_to_do(skewed):
+    run_dir, _ = skewed
+    again = run_npudist(["launch", "--nproc-per-node", "2", "examples/train_ddp.py", "--steps", "200",
+                         "--run-dir", str(run_dir), *SMALL], env=child_env(), timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"already at step 200 in {run_dir}: raise --steps" in again.stdout
+    assert f"or remove {run_dir}" in again.stdout
+
+
+def test_ctrl_c_ends_with_one_line_naming_step_and_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "examples/train_ddp.py",
+         "--steps", "100000", "--run-dir", str(run_dir), "--checkpoint-every", "5", "--sync-checkpoints",
+         "--log-every", "1000", *SMALL], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 180
+        while not list(run_dir.glob("step-*")) and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.5)
+        assert list(run_dir.glob("step-*")), proc.communicate(timeout=30)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, err[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("interrupted")]
+    assert len(lines) == 1, out
+    assert re.fullmatch(rf"interrupted at step \d+; last checkpoint step \d+ in {re.escape(str(run_dir))}; "
+                        r"run the same command to resume", lines[0])
+    assert "Traceback" not in err and "closing signal" not in err, err[-3000:]
