@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import decimal
 import enum
 import importlib
 import logging
@@ -53,7 +54,7 @@ ALLOWED = {
                                "flags ever change",
 }
 
-_CONSTANT_TYPES = (int, float, complex, str, bytes, bool, type(None), range, type, types.FunctionType,
+_CONSTANT_TYPES = (int, float, complex, decimal.Decimal, str, bytes, bool, type(None), range, type, types.FunctionType,
                    types.BuiltinFunctionType, types.ModuleType, re.Pattern, torch.dtype, torch.device, enum.Enum,
                    logging.Logger, frozenset, types.UnionType, typing.TypeVar, property, staticmethod,
                    types.GenericAlias, torch.distributed.ReduceOp.RedOpType)

@@ -131,7 +131,7 @@ def test_every_panel_has_a_description():
 
 def test_thresholds_bounds_links_and_full_rows():
     from npudist.dashboards.limits import LIMITS
-    from npudist.telemetry.exposition.catalogue import THRESHOLDS
+    from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE, THRESHOLDS
 
     docs = {json.loads(t)["uid"]: json.loads(t) for p, t in files().items() if p.startswith("grafana/")}
     panels = {(uid, p["title"]): p for uid, d in docs.items() for p in d["panels"]}
@@ -139,7 +139,7 @@ def test_thresholds_bounds_links_and_full_rows():
     def steps(uid, title):
         return [s["value"] for s in panels[(uid, title)]["fieldConfig"]["defaults"]["thresholds"]["steps"]][1:]
 
-    assert steps("npudist-training", "Cross-rank skew") == [THRESHOLDS["skew"].value]
+    assert steps("npudist-training", "Cross-rank skew") == [SKEW_REFERENCE]
     assert steps("npudist-communication", "In-flight collectives (backlog)") == [
         THRESHOLDS["backlog"].value, THRESHOLDS["backlog_critical"].value]
     assert steps("npudist-memory", "Fragmentation per rank") == [THRESHOLDS["fragmentation"].value]

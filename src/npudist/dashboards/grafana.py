@@ -7,6 +7,7 @@ package index (see docs/dashboards.md); the JSON below follows Grafana's dashboa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -36,12 +37,16 @@ def _variable(v: Variable) -> dict[str, Any]:
 
 # Metric (or recording rule) -> (value, colour) steps coloured on any panel that reads it: the catalogue's
 # alert thresholds, and for temperatures the lowest vendor limit (limits.py).
-_THRESHOLD_STEPS: dict[str, list[tuple[float, str]]] = {}
-for _t in sorted(THRESHOLDS.values(), key=lambda t: t.value):
-    _THRESHOLD_STEPS.setdefault(_t.metric, []).append(
-        (_t.value, "red" if _t.name.endswith("critical") else "orange"))
-for _metric in ("npudist_device_temperature_celsius", "npudist:node_device_temperature_celsius:max"):
-    _THRESHOLD_STEPS[_metric] = [(min(lim.celsius for lim in LIMITS), "red")]
+def _threshold_steps() -> Mapping[str, tuple[tuple[float, str], ...]]:
+    steps: dict[str, list[tuple[float, str]]] = {}
+    for t in sorted(THRESHOLDS.values(), key=lambda t: t.value):
+        steps.setdefault(t.metric, []).append((t.value, "red" if t.name.endswith("critical") else "orange"))
+    for metric in ("npudist_device_temperature_celsius", "npudist:node_device_temperature_celsius:max"):
+        steps[metric] = [(min(lim.celsius for lim in LIMITS), "red")]
+    return MappingProxyType({k: tuple(v) for k, v in steps.items()})
+
+
+_THRESHOLD_STEPS = _threshold_steps()
 
 
 def thresholds(p: Panel) -> list[tuple[float, str]]:
@@ -51,7 +56,7 @@ def thresholds(p: Panel) -> list[tuple[float, str]]:
     for q in p.queries:
         for metric, steps in _THRESHOLD_STEPS.items():
             if metric in q.expr:
-                return steps
+                return list(steps)
     return []
 
 
@@ -79,9 +84,10 @@ def _field_defaults(p: Panel) -> dict[str, Any]:
 # Series that are zero throughout (an error counter that never moved) are hidden: a "fields with values"
 # override (Grafana 10.3+, matcher byValue) on series whose largest value is <= 0. npudist's metrics are
 # never negative, so that is exactly the all-zero ones.
-HIDE_ZERO_OVERRIDE = MappingProxyType({
-    "matcher": {"id": "byValue", "options": {"reducer": "max", "op": "lte", "value": 0}},
-    "properties": [{"id": "custom.hideFrom", "value": {"legend": True, "tooltip": True, "viz": True}}]})
+def hide_zero_override() -> dict[str, Any]:
+    """A field override hiding series whose maximum is 0 (a fresh dict: the dashboard JSON is edited later)."""
+    return {"matcher": {"id": "byValue", "options": {"reducer": "max", "op": "lte", "value": 0}},
+            "properties": [{"id": "custom.hideFrom", "value": {"legend": True, "tooltip": True, "viz": True}}]}
 
 
 def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
@@ -100,8 +106,7 @@ def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         out["transformations"] = [{"id": "labelsToFields", "options": {}}]
     elif p.type == "timeseries":
         out["options"] = {"legend": {"displayMode": "list", "placement": "bottom"}}
-        out["fieldConfig"]["overrides"] = [{"matcher": dict(HIDE_ZERO_OVERRIDE["matcher"]),
-                                            "properties": list(HIDE_ZERO_OVERRIDE["properties"])}]
+        out["fieldConfig"]["overrides"] = [hide_zero_override()]
     return out
 
 

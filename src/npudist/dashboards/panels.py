@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE
 from npudist.telemetry.exposition.catalogue import THRESHOLDS as _T
 
 GRAFANA_UNITS = frozenset({"watt", "bytes", "celsius", "percentunit", "s", "Bps", "hertz", "ops", "short",
@@ -279,7 +280,9 @@ TRAINING = Dashboard(
               description="Training steps completed per second per rank; zero while the job is stalled."),
         Panel("Cross-rank skew", "percentunit", (_q("max by (job) (npudist_step_skew_ratio{job=~\"$job\"})", "skew"),),
               description="stddev/mean of the ranks' work times per window. It dilutes as 1/sqrt(ranks) when one "
-                          "rank is slow, so the straggler alert and diagnosis use the per-rank slowdown instead."),
+                          "rank is slow, so the straggler alert and diagnosis use the per-rank slowdown instead; "
+                          f"the line is the seed's {SKEW_REFERENCE:g} rule, for reference.",
+              thresholds=((SKEW_REFERENCE, "orange"),)),
         Panel("Slowest ranks (top 5 slowdown)", "none", (
             _q("topk(5, npudist_rank_slowdown_ratio{job=~\"$job\"})",
                "rank {{rank}} device {{device}} chip {{chip}}"),),

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from npudist.report.records import Problem, RunFile, RunRecords
-from npudist.telemetry.exposition.catalogue import THRESHOLDS
+from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE
 
-SKEW_THRESHOLD = THRESHOLDS["skew"].value
+SKEW_THRESHOLD = SKEW_REFERENCE
 WORST_WINDOWS = 10
 """Skew windows listed in the table (the chart shows them all)."""
 

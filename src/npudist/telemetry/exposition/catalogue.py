@@ -346,6 +346,10 @@ class Threshold:
         return f"{number} {unit}{'' if number == '1' else 's'}"
 
 
+SKEW_REFERENCE = 0.12
+"""The seed's stddev/mean skew limit, kept as a reference line on the skew panel and in the report. Nothing
+alerts or diagnoses on it: with one slow rank among N it dilutes as 1/sqrt(N) (the StragglerDetector judges)."""
+
 THRESHOLDS: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in (
     # Values from the issue that specified the alerts (#3): backlog > 10 for 2 min (page) and > 8 for 5 min,
     # fragmentation 30 % for 10 min, matmul mean 800 us for 10 min. The straggler alert follows the job's

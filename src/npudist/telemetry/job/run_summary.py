@@ -1,8 +1,8 @@
 """The end-of-run summary rank 0 prints: how the run went, in a few lines instead of one warning per window.
 
 Fed like the straggler diagnosis (append to ``StepTimer.on_exchange`` on rank 0); it only counts, so the
-console can stay quiet while the job runs and still say at the end what the skew windows, straggler
-diagnoses and checkpoints were.
+console can stay quiet while the job runs and still say at the end which rank the straggler detector
+flagged and how often, the straggler diagnoses and the checkpoints.
 """
 
 from __future__ import annotations
@@ -12,43 +12,49 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudist.telemetry.job.skew import DEFAULT_THRESHOLD, SkewReport
+from npudist.telemetry.job.skew import SkewReport
 
 
 @dataclass
 class RunSummary:
-    """Counts skew windows as the exchanges arrive; ``lines()`` renders them with the run directory's files."""
+    """Counts the windows in which the StragglerDetector flagged a rank, as the exchanges arrive; ``lines()``
+    renders them with the run directory's files."""
 
-    threshold: float = DEFAULT_THRESHOLD
     windows: int = 0
-    skewed: int = 0
-    worst: SkewReport | None = None
+    flagged: int = 0
+    """Windows with at least one flagged rank."""
+    max_skew: float = 0.0
+    """Largest stddev/mean of a window (the seed's board figure; it judges nothing here)."""
+    worst: tuple[float, int, SkewReport] | None = None
+    """(slowdown, rank, window) of the largest slowdown of a flagged rank."""
     stragglers: collections.Counter[tuple[int, tuple[int, int] | None]] = field(
         default_factory=collections.Counter)
-    """(rank, (device, chip) or None) -> skewed windows in which it was the slowest."""
+    """(rank, (device, chip) or None) -> windows in which the detector flagged it."""
 
     def __call__(self, report: SkewReport) -> None:
         self.windows += 1
-        if report.skew <= self.threshold:
+        self.max_skew = max(self.max_skew, report.skew)
+        if not report.flagged:
             return
-        self.skewed += 1
-        r = report.straggler
-        self.stragglers[(r, report.devices[r] if r < len(report.devices) else None)] += 1
-        if self.worst is None or report.skew > self.worst.skew:
-            self.worst = report
+        self.flagged += 1
+        for r in report.flagged:
+            self.stragglers[(r, report.devices[r] if r < len(report.devices) else None)] += 1
+            ratio = report.ratios[r] if r < len(report.ratios) and report.ratios[r] is not None else 0.0
+            if self.worst is None or ratio > self.worst[0]:
+                self.worst = (ratio, r, report)
 
     def skew_line(self) -> str:
         if not self.windows:
-            return "skew: no window exchanged (fewer steps than --exchange-every, or telemetry off)"
-        if not self.skewed:
-            return f"skew: 0 of {self.windows} windows above {self.threshold:g}"
+            return "straggler: no window exchanged (fewer steps than --exchange-every, or telemetry off)"
+        if not self.flagged:
+            return f"straggler: no rank flagged in {self.windows} windows (max skew {self.max_skew:.3f})"
         (rank, device), count = self.stragglers.most_common(1)[0]
         where = "" if device is None else f" (device {device[0]} chip {device[1]})"
-        w = self.worst
-        assert w is not None
-        return (f"skew: {self.skewed} of {self.windows} windows above {self.threshold:g} "
-                f"(worst {w.skew:.3f} over steps {w.first_step}-{w.last_step}); "
-                f"straggler rank {rank}{where} in {count} of them")
+        assert self.worst is not None
+        ratio, worst_rank, w = self.worst
+        return (f"straggler: rank {rank}{where} flagged in {count} of {self.windows} windows; worst "
+                f"{ratio:.2f}x the median of the other ranks (rank {worst_rank}, steps {w.first_step}-{w.last_step}); "
+                f"{self.flagged} window(s) with a flagged rank, max skew {self.max_skew:.3f}")
 
     def lines(self, run_dir: str | os.PathLike[str] | None = None, checkpoints: CheckpointLines | None = None
               ) -> list[str]:
