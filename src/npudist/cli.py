@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from types import MappingProxyType
 from typing import Annotated
@@ -73,7 +74,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
     from rich.table import Table
 
     from npudist import doctor as doc
-    from npudist.doctor.result import compact, summary_line
+    from npudist.doctor.result import compact, environment_block, summary_line
 
     results = doc.run_checks()
     if as_json:
@@ -81,7 +82,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
         raise typer.Exit(doc.exit_code(results))
     title = f"npudist doctor ({__version__})"
     if not (sys.stdout.isatty() if table is None else table):
-        typer.echo("\n".join(compact(results, title)))
+        typer.echo("\n".join([*compact(results, title), *environment_block(os.environ)]))
         raise typer.Exit(doc.exit_code(results))
     grid = Table(title=title, show_lines=False)
     for col in ("check", "status", "finding", "fix"):
@@ -90,6 +91,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
         grid.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
     Console().print(grid)
     typer.echo(summary_line(results))
+    typer.echo("\n".join(environment_block(os.environ)))
     raise typer.Exit(doc.exit_code(results))
 
 

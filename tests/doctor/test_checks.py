@@ -57,6 +57,7 @@ def test_open_files_at_the_hard_limit_names_the_hard_limit_not_a_useless_ulimit(
 def test_doctor_in_a_pipe_prints_compact_lines_and_a_summary():
     res = run_npudist(["doctor"], timeout=180)
     lines = res.stdout.splitlines()
+    lines = lines[:lines.index("# environment (paste into a shell to reproduce):")]  # the block follows the checks
     assert lines[0].startswith("npudist doctor (")
     assert re.fullmatch(r"\d+ ok, \d+ warn, \d+ fail, \d+ skip", lines[-1])
     assert not any(ch in res.stdout for ch in "┃│┏")  # no table borders to break on an 80-column pipe
@@ -277,3 +278,31 @@ def test_a_malformed_npudist_variable_is_named_once_not_reported_as_a_bug():
     assert by["settings"]["status"] == "fail" and "NPUDIST_TIMEOUT='soon'" in by["settings"]["finding"]
     assert not [c for c in by.values() if "bug" in c["fix"]]
     assert done.returncode == 1
+
+
+def test_environment_block_recreates_the_job_variables_in_a_shell():
+    """The block is for pasting: run through bash it must give back every value exactly, quotes and spaces
+    included, and list nothing npudist does not read."""
+    import subprocess
+
+    from npudist.doctor.result import environment_block
+
+    env = {"NPUDIST_TIMEOUT": "30", "HCCL_IF_IP": "10.0.0.1", "MASTER_ADDR": "node 1; rm -rf /",
+           "NCCL_DEBUG": "it's", "CUDA_VISIBLE_DEVICES": "0,1", "HOME": "/root", "AWS_SECRET": "x"}
+    block = environment_block(env)
+    assert block[0].startswith("# environment")
+    assert [line.split("=", 1)[0] for line in block[1:]] == [
+        "export CUDA_VISIBLE_DEVICES", "export HCCL_IF_IP", "export MASTER_ADDR", "export NCCL_DEBUG",
+        "export NPUDIST_TIMEOUT"]
+    script = "\n".join(block) + '\nprintf "%s\\n%s\\n" "$MASTER_ADDR" "$NCCL_DEBUG"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10, env={}).stdout
+    assert out.splitlines() == ["node 1; rm -rf /", "it's"]
+    assert environment_block({"HOME": "/root"})[1].startswith("# (none")
+
+
+def test_doctor_in_a_pipe_ends_with_the_environment_block():
+    r = run_npudist(["doctor", "--compact"], env=child_env({"NPUDIST_TIMEOUT": "45", "HCCL_EXEC_TIMEOUT": "900"}))
+    lines = r.stdout.splitlines()
+    start = lines.index("# environment (paste into a shell to reproduce):")
+    assert "export NPUDIST_TIMEOUT=45" in lines[start:] and "export HCCL_EXEC_TIMEOUT=900" in lines[start:]
+    assert any(" ok, " in line for line in lines[:start])  # the summary line comes before it

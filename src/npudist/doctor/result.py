@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -39,3 +41,19 @@ def compact(results: list[CheckResult], title: str) -> list[str]:
             out.append(f"{'':<4}  {'':<{width}}  fix: {r.fix}")
     out.append(summary_line(results))
     return out
+
+
+# Variables that decide where ranks run and how they talk: what a bug report or a colleague needs to see.
+ENV_PREFIXES = ("NPUDIST_", "MASTER_", "HCCL_", "NCCL_", "TORCH_NCCL_", "TORCH_HCCL_", "ASCEND_", "GLOO_",
+                "OMPI_COMM_WORLD_", "SLURM_")
+ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "MLU_VISIBLE_DEVICES", "OMP_NUM_THREADS", "WORLD_SIZE", "RANK",
+                       "LOCAL_RANK", "TORCH_DEVICE_BACKEND_AUTOLOAD"})
+
+
+def environment_block(env: Mapping[str, str]) -> list[str]:
+    """``export NAME=value`` lines, shell-quoted, for the variables that shape a distributed job: pasted into
+    a shell they recreate it exactly (values with spaces or quotes included)."""
+    names = sorted(k for k in env if k in ENV_NAMES or k.startswith(ENV_PREFIXES))
+    lines = ["# environment (paste into a shell to reproduce):"]
+    lines += [f"export {k}={shlex.quote(env[k])}" for k in names] or ["# (none of the variables npudist reads is set)"]
+    return lines
