@@ -23,10 +23,11 @@ logging.basicConfig(level=logging.WARNING)
 ctx = npudist.init()
 # npu-smi is the fake on PATH: the ranks find their chips from its `info -m` and ASCEND_RT_VISIBLE_DEVICES
 tel = npudist.telemetry.serve_rank_metrics(ctx, device_source="npu-smi")
-timer = tel.step_timer(exchange_every=5)
+# min_dof=1: a 2-rank job's detector judges from its first windows (sensitivity is tested in test_detector)
+timer = tel.step_timer(exchange_every=5, straggler_settings={"min_dof": 1})
 if ctx.rank == 0:
     timer.on_exchange.append(StragglerDiagnosis(sys.argv[1], windows=2))
-for _ in range(10):
+for _ in range(40):
     with timer:
         time.sleep(0.08 if ctx.rank == 1 else 0.02)  # rank 1 is the artificial straggler
 text = urllib.request.urlopen(tel.server.url, timeout=10).read().decode()
@@ -117,13 +118,16 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     # compute on NPU 2, rank 0 on its chip 0 and rank 1 on its chip 1
     key0 = (("chip", "0"), ("device", "2"), ("local_rank", "0"), ("node", socket.gethostname()), ("rank", "0"))
     key1 = (("chip", "1"), ("device", "2"), ("local_rank", "1"), ("node", socket.gethostname()), ("rank", "1"))
-    assert samples(fams0, "npudist_steps", "npudist_steps_total") == {key0: 10.0}
-    assert samples(fams1, "npudist_steps", "npudist_steps_total") == {key1: 10.0}
+    assert samples(fams0, "npudist_steps", "npudist_steps_total") == {key0: 40.0}
+    assert samples(fams1, "npudist_steps", "npudist_steps_total") == {key1: 40.0}
     assert samples(fams0, "npudist_straggler_rank") == {key0: 1.0}
+    assert samples(fams1, "npudist_rank_straggler") == {key1: 1.0}  # each rank exports its own flag
+    assert samples(fams1, "npudist_rank_slowdown_ratio")[key1] > 2  # it sleeps 4x as long as rank 0
     # means about 0.02 s and 0.08 s: std 0.03 / mean 0.05 = 0.6; scheduling noise only lowers it a little
     assert samples(fams0, "npudist_step_skew_ratio")[key0] > 0.3
     assert samples(fams1, "npudist_step_skew_ratio") == {}  # only rank 0 publishes
-    slow = re.search(r"rank 1 \(device 2 chip 1\) is slowest at (\d+\.\d+) s/step", res.stderr)
+    slow = re.search(r"straggler: rank 1 \(device 2 chip 1\) works [\d.]+x the median of the other ranks over "
+                     r"steps \d+-\d+ \((\d+\.\d+) s/step\); cause: compute", res.stderr)
     assert slow is not None, res.stderr[-2000:]
     assert float(slow.group(1)) >= 0.08  # it sleeps 0.08 s per step
     (diagnosis,) = tmp_path.glob("straggler-step*.json")
