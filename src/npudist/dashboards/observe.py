@@ -55,7 +55,8 @@ def grafana_hint(out: Path, url: str) -> str:
             f"then open http://127.0.0.1:3000 (admin/admin); its data source is {url}.")
 
 
-def _ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Return once the Prometheus at ``url`` answers /-/ready; ObserveError if it exits or times out."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -95,7 +96,7 @@ def observe(opts: ObserveOptions, command: Sequence[str] = (), say: Callable[[st
                              f"--storage.tsdb.path={out / 'tsdb'}", f"--web.listen-address=127.0.0.1:{opts.port}"],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
-        _ready(url, proc, READY_TIMEOUT_S)
+        wait_ready(url, proc, READY_TIMEOUT_S)
         say(f"npudist observe: Prometheus at {url}  (targets: {url}/targets, alerts: {url}/alerts, "
             f"loss: {url}/graph?g0.expr=npudist_training_loss)")
         say(f"npudist observe: scraping the ranks listed in {opts.targets_file}; log in {out / 'prometheus.log'}")
