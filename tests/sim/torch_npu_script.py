@@ -6,6 +6,7 @@ Run under ``npudist launch --simulate npu`` it trains on the simulated NPU uncha
 
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -32,9 +33,12 @@ for _ in range(20):
     opt.step()
     losses.append(loss.item())
 torch.npu.synchronize()
-print("RESULT " + json.dumps({
+# One write per line: two ranks share the launcher's stdout, and print() writes the text and its newline
+# separately when Python runs unbuffered, so two ranks' lines can interleave.
+sys.stdout.write("RESULT " + json.dumps({
     "rank": dist.get_rank(), "device": str(next(model.parameters()).device), "backend": dist.get_backend(),
     "first": losses[0], "last": losses[-1], "torch_npu": torch_npu.__version__,
     "memory_allocated": torch.npu.memory_allocated(),
-}), flush=True)
+}) + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()
