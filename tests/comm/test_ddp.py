@@ -73,6 +73,16 @@ def test_fp32_default_profile_is_bitwise_plain_ddp_with_every_option(two):
 
 
 @pytest.mark.slow
+def test_fp32_is_bitwise_plain_ddp_in_a_world_of_three(three):
+    # Power-of-two worlds scale after the sum, others before it (DDP's order): both must keep DDP's bits.
+    for rank, r in three["ranks"].items():
+        assert set(r["default"]) == {"defaults", "bucket_cap_mb"}
+        for name, case in r["default"].items():
+            assert case["differ"] == [], (rank, name)
+            assert case["buckets"] >= 4, (rank, name)
+
+
+@pytest.mark.slow
 def test_every_bucket_is_counted_by_comm(two):
     for rank in (0, 1):
         a = two[rank]["accounting"]

@@ -4,11 +4,13 @@
 that hands each gradient bucket to npudist's asynchronous all_reduce. So a bucket the backend's
 constraint row rejects (bf16 under ``hccl-strict``) is cast, padded and reduced in pooled buffers
 instead of failing; every bucket takes a collective number, so a rank that never reaches its backward
-is named in a CollectiveHangError; and comm.stats() counts the gradient traffic itself.
+is named in a CollectiveHangError; and comm.stats() counts the gradient traffic itself. What a bucket
+needs is planned once per bucket buffer (bucket_call.py), so a step pays for issuing, not for planning.
 
 Numerics: where the row reduces the bucket's dtype natively the hook does what DDP's default does
-(divide by the world size, then sum), so parameters stay bit-for-bit those of plain DDP; otherwise it
-averages in the wider dtype comm casts to and casts back once.
+(scale by 1/world, then sum; in a power-of-two world the same bits come from scaling after the sum,
+bucket_call.py), so parameters stay bit-for-bit those of plain DDP; otherwise it averages in the wider
+dtype comm casts to and casts back once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from npudist import comm
 from npudist.comm import context
+from npudist.comm.bucket_call import BucketCall, BucketPlan
 from npudist.comm.state import state
 from npudist.comm.watched import communication_failure
 
@@ -43,46 +46,74 @@ class GradientSync:
         reads the increase per step as time spent waiting in gradient all-reduce)."""
         self.replaced_by: tuple[Callable[..., Any], Any] | None = None
         """(hook, state) the user registered after npudist.ddp(); buckets then go to it instead."""
+        self.plans: dict[int, BucketPlan] = {}
+        """Bucket index -> the plan made for the buffer DDP showed under that index."""
         self._pending: list[Any] = []
+        self._futures: list[torch.futures.Future] = []
         self._task: object = None
 
-    def _track(self, handle: Any) -> None:
+    def plan(self, index: int, buf: torch.Tensor, ctx: context.GroupContext) -> BucketPlan:
+        """A new plan for bucket ``index``: DDP built or rebuilt its buckets, or the constraints changed."""
+        if index in self.plans:  # a new layout: drop every old plan (each holds its buffer)
+            self.plans.clear()
+        plan = self.plans[index] = BucketPlan(buf, self.group, ctx)
+        return plan
+
+    def _track(self, call: Any, future: torch.futures.Future) -> None:
         # A Python callback queued in backward runs before DDP's own finalizer (which DDP queues when the
         # last bucket is ready): there it waits for this backward's buckets, so a failed one raises
         # CollectiveHangError from loss.backward(). DDP's own wait would only see a RuntimeError's text.
         task = _task_id() if _task_id is not None else True
         if task != self._task:
-            self._pending = []  # a backward that failed before its callbacks ran leaves stale handles
+            self._pending, self._futures = [], []  # a backward that failed before its callbacks ran
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             except RuntimeError:  # not inside a backward pass (DDP's join runs the hook directly)
                 self._task = None
                 return
             self._task = task
-        self._pending.append(handle)
+        self._pending.append(call)
+        self._futures.append(future)
 
     def _finish_backward(self) -> None:
-        pending, self._pending, self._task = self._pending, [], None
-        for handle in pending:
-            handle.wait()
-            self.wait_seconds += handle.seconds or 0.0
+        pending, futures = self._pending, self._futures
+        self._pending, self._futures, self._task = [], [], None
+        try:
+            torch.futures.wait_all(futures)
+        except Exception:
+            for call in pending:  # the first failed bucket, diagnosed
+                call.wait()
+            raise
+        for call in pending:
+            self.wait_seconds += call.seconds or 0.0
 
 
 def _hook(sync: GradientSync, bucket):  # DDP checks these annotations: they must stay empty
     if sync.replaced_by is not None:
-        hook, state = sync.replaced_by
-        return hook(state, bucket)
+        hook, hook_state = sync.replaced_by
+        return hook(hook_state, bucket)
     buf = bucket.buffer()
     ctx = context.get(sync.group)
-    if buf.dtype in ctx.constraints.native_dtypes("sum"):
-        buf.div_(ctx.world)  # DDP's default: divide first, then sum
-        op = "sum"
-    else:
-        op = "avg"  # cast to the wider dtype, sum and divide there, cast back once
-    handle = comm.all_reduce(buf, op, sync.group, async_op=True)  # numbered, adapted, counted
+    index = bucket.index()
+    plan = sync.plans.get(index)
+    if plan is None or plan.buf is not buf or plan.ctx is not ctx:
+        plan = sync.plan(index, buf, ctx)
     sync.buckets += 1
-    sync._track(handle)
-    return handle.get_future()
+    if plan.fast:
+        if plan.scale is not None:
+            buf.mul_(plan.scale)  # DDP's default: scale by 1/world first, then sum
+        call = BucketCall(plan, state().watchdog)
+        future = call.future
+    else:
+        if plan.scale is not None:
+            buf.mul_(plan.scale)
+            op = "sum"
+        else:
+            op = "avg" if ctx.world > 1 else "sum"  # cast to the wider dtype, sum and divide there, cast back
+        call = comm.all_reduce(buf, op, sync.group, async_op=True)  # numbered, adapted, counted
+        future = call.get_future()
+    sync._track(call, future)
+    return future
 
 
 class _NpudistDDP(DistributedDataParallel):

@@ -53,11 +53,15 @@ class _Counter:
     __slots__ = ("adaptations", "buckets", "bytes", "calls", "duration_sum", "inflight")
 
     def __init__(self) -> None:
+        self.inflight = 0
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget finished calls (in place: a hot path may hold this counter); in-flight ones stay."""
         self.calls = 0
         self.bytes = 0
         self.duration_sum = 0.0
         self.buckets = [0] * len(DURATION_BUCKETS)
-        self.inflight = 0
         self.adaptations = dict.fromkeys(ADAPTATION_KINDS, 0)
 
 
@@ -69,6 +73,15 @@ class Recorder:
         self._counters: dict[tuple[str, str], _Counter] = {}
         self.enabled = True
         """False: record() and inflight() do nothing (the collectives also skip timing)."""
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held around every in-flight change and every record_shared()."""
+        return self._lock
+
+    def counter(self, op: str, backend: str) -> _Counter:
+        """The live counter of (op, backend): a hot path may keep it, as reset() clears it in place."""
+        return self._counters.get((op, backend)) or self._counter(op, backend)
 
     def _counter(self, op: str, backend: str) -> _Counter:
         c = self._counters.get((op, backend))
@@ -88,7 +101,11 @@ class Recorder:
         """
         if not self.enabled:
             return
-        c = self._counters.get((op, backend)) or self._counter(op, backend)
+        self.add(self._counters.get((op, backend)) or self._counter(op, backend), nbytes, seconds, kinds)
+
+    @staticmethod
+    def add(c: _Counter, nbytes: int, seconds: float, kinds: tuple[str, ...] | list[str] = ()) -> None:
+        """One finished call into a counter the caller holds (from counter())."""
         c.calls += 1
         c.bytes += nbytes
         c.duration_sum += seconds
@@ -116,6 +133,8 @@ class Recorder:
             items = sorted(self._counters.items())
             out = []
             for (op, backend), c in items:
+                if not (c.calls or c.inflight or any(c.buckets)):
+                    continue  # nothing since the last reset()
                 cumulative, running = [], 0
                 for bound, n in zip(DURATION_BUCKETS, list(c.buckets), strict=True):
                     running += n
@@ -129,10 +148,5 @@ class Recorder:
     def reset(self) -> None:
         """Forget finished calls; in-flight counts survive so a later wait() cannot go negative."""
         with self._lock:
-            for key, c in list(self._counters.items()):
-                if c.inflight:
-                    fresh = _Counter()
-                    fresh.inflight = c.inflight
-                    self._counters[key] = fresh
-                else:
-                    del self._counters[key]
+            for c in self._counters.values():
+                c.clear()

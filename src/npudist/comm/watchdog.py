@@ -194,6 +194,8 @@ class Watchdog:
         """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
         self.reader_factory = reader_factory
         """Builds the reader from (this watchdog, world size); the CommState passes HangReader."""
+        self._off = not enabled
+        """True once numbering is known to be off for this Runtime (disabled, or a world of one)."""
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -207,7 +209,10 @@ class Watchdog:
         if not self.enabled:
             return None
         if self.record is None:
-            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            if not (dist.is_available() and dist.is_initialized()):
+                return None
+            if dist.get_world_size() < 2:  # a world of one has nothing to wait for, for this Runtime's life
+                self._off = True
                 return None
             self.record = Record(rank=dist.get_rank())
             if self.record.rank == 0 and self.hang_action != "off" and self.reader_factory is not None:
@@ -223,6 +228,8 @@ class Watchdog:
     def enter(self, op: str, nbytes: int) -> int:
         rec = self.record
         if rec is None:
+            if self._off:
+                return 0
             rec = self._ensure()
             if rec is None:
                 return 0
