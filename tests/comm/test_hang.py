@@ -259,3 +259,69 @@ def test_a_job_that_moves_during_the_probe_was_slow_not_hung(store, monkeypatch)
     assert reader.tick() is None
     clock[0] += 60.0
     assert reader.tick() is None and reader.verdict is None
+
+
+def _standby_job(store, monkeypatch, world: int = 4):
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    clients = [CountingStore(store.clone()) for _ in range(world)]
+    ranks = [_watchdog(r, clients[r]) for r in range(world)]
+    clock = [time.time()]
+    stopped: set[int] = set()
+
+    def answer(_s):  # the probe's wait: every live rank polls once
+        for wd in ranks:
+            if wd.record.rank not in stopped:
+                wd._poll()
+
+    reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=answer)
+    standby = HangReader(ranks[1], world, clock=lambda: clock[0], sleep=answer, standby=True)
+    for _ in range(3):  # a few steps, one second apart: rank 0's reader beats and learns the bound
+        for wd in ranks:
+            wd.done(wd.enter("all_reduce", 64))
+            wd.step_started()
+            wd._publish()
+        clock[0] += 1.0
+        assert reader.tick() is None and standby.tick() is None
+    return ranks, clients, clock, stopped, reader, standby
+
+
+def test_a_progressing_job_costs_the_standby_nothing_and_a_live_reader_keeps_the_verdict(store, monkeypatch):
+    ranks, clients, clock, stopped, reader, standby = _standby_job(store, monkeypatch)
+    assert clients[1].calls == {"set": 3}  # its own record, once a step: no standby traffic
+    stopped.add(3)
+    for wd in ranks[:3]:
+        wd.enter("all_reduce", 64)
+        wd._publish()
+    clients[1].calls.clear()
+    verdict = None
+    for _ in range(30):  # rank 3 is stopped; rank 0's reader is alive, so the verdict is rank 0's
+        clock[0] += 1.0
+        verdict = verdict or reader.tick()
+        assert standby.tick() is None
+    assert verdict is not None and verdict["culprits"] == [3]
+    assert standby.verdict is None and clients[1].calls["multi_get"] == 0
+
+
+def test_rank_0_stopped_is_named_by_the_standby_once_its_heartbeat_is_stale(store, monkeypatch):
+    from npudist.comm import hang_reader
+
+    ranks, clients, clock, stopped, _reader, standby = _standby_job(store, monkeypatch)
+    stopped.add(0)  # rank 0 stops computing: its record and its reader's heartbeat stand still
+    start = clock[0]
+    for wd in ranks[1:]:
+        wd.enter("all_reduce", 64)
+        wd._publish()
+    clients[1].calls.clear()
+    verdict = None
+    while verdict is None and clock[0] - start < 40:
+        clock[0] += 1.0
+        quiet = clock[0] - ranks[1].record.wall_time < hang.FLOOR_S
+        before = clients[1].total()
+        verdict = standby.tick()
+        if quiet:  # waiting less than the floor: not even the heartbeat is read
+            assert clients[1].total() == before
+    took = clock[0] - json.loads(store.get(hang_reader.heartbeat_key()))["time"]  # from rank 0's last beat
+    assert verdict is not None and verdict["culprits"] == [0] and verdict["not_reached"] == [0]
+    assert verdict["culprit_ranks"]["0"]["alive"] is False
+    assert hang_reader.HEARTBEAT_STALE_S <= took <= hang_reader.HEARTBEAT_STALE_S + 2, took
+    assert json.loads(store.get(watchdog.verdict_key()))["culprits"] == [0]  # for the other ranks

@@ -21,12 +21,12 @@ pytestmark = pytest.mark.slow
 LIMIT_S = 240  # the job must end well inside the 600 s collective timeout
 
 
-def _launch(tmp_path, kind: str, step: int):
+def _launch(tmp_path, kind: str, step: int, rank: int = 1):
     start = time.monotonic()
     proc = run_npudist(["launch", "--nproc-per-node", "3", "examples/train_ddp.py", "--steps", "100000",
                         "--no-telemetry", "--log-every", "100000", "--global-batch-size", "30",
                         "--run-dir", str(tmp_path),
-                        "--checkpoint-every", "100000", "--fault", kind, "--fault-rank", "1",
+                        "--checkpoint-every", "100000", "--fault", kind, "--fault-rank", str(rank),
                         "--fault-step", str(step)],
                        env=child_env(), timeout=LIMIT_S)
     elapsed = time.monotonic() - start
@@ -36,7 +36,7 @@ def _launch(tmp_path, kind: str, step: int):
     reports = list(tmp_path.glob("hang-attempt*.json"))
     assert reports, text[-4000:]
     verdict = json.loads(reports[0].read_text())
-    fault = re.search(r"FAULT \w+ rank=1 step=\d+ time=([\d.]+) last=(\S+) #(\d+) (\w+)", text)
+    fault = re.search(rf"FAULT \w+ rank={rank} step=\d+ time=([\d.]+) last=(\S+) #(\d+) (\w+)", text)
     assert fault, text[-4000:]
     return proc, text, verdict, fault, elapsed, left
 
@@ -77,3 +77,12 @@ def test_a_rank_asleep_inside_its_step_is_named_with_its_stack(tmp_path):
     assert culprit["alive"] is True and "time.sleep" in culprit["stack"]
     assert (verdict["ranks"]["1"]["op"], verdict["ranks"]["1"]["seq"]) == (fault.group(2), int(fault.group(3)))
     assert verdict["time"] - float(fault.group(1)) < 60
+
+
+def test_rank_0_stopped_is_named_by_rank_1_standing_in_for_its_reader(tmp_path):
+    proc, text, verdict, fault, elapsed, left = _launch(tmp_path, "sigstop", 4, rank=0)
+    assert proc.returncode != 0 and elapsed < LIMIT_S and left == []
+    assert verdict["culprits"] == [0] and verdict["not_reached"] == [0], verdict["line"]
+    assert verdict["culprit_ranks"]["0"]["alive"] is False and "did not answer: stopped or dead" in verdict["line"]
+    assert "npudist: rank 1 (standing in for rank 0's silent reader): aborting the hung job" in text
+    assert verdict["time"] - float(fault.group(1)) < 30  # the heartbeat goes stale in 15 s, then a probe

@@ -66,6 +66,11 @@ class ProgressTracker:
             return self.override_s
         return max(self.floor_s, self.factor * max(self._gaps, default=0.0))
 
+    def prime(self, records: Records, since: float, bound_s: float) -> None:
+        """Start from ``records`` as if they had stood still since ``since`` (a reader that takes over
+        mid-stall: the records' own wall times say when the job last moved), with a fixed bound."""
+        self._last, self._since, self.override_s = _progress(records)[0], since, bound_s
+
     def stalled_for(self, now: float) -> float:
         """Seconds since the last progress seen (0 before the first update)."""
         return now - self._since if self._last is not None else 0.0

@@ -13,6 +13,13 @@ first ``multi_get``, the answers key before the probe, and stacks are read only 
 (appended after their stack was set, on the same connection) is in. So a dead or stopped rank can never
 make the reader wait on the store.
 
+Rank 0 stopped or dead takes its reader with it, so rank 1 stands by: while rank 1 itself has waited
+inside one collective for longer than the bound's floor it reads the reader's heartbeat (one ``check``
+and one ``get`` a period; rank 0 sets it every HEARTBEAT_EVERY_S), and only once that heartbeat is
+stale and no verdict is published does it read the records and judge as rank 0 would, from the
+records' own wall times (when the job last moved) and the bound rank 0 last published. A progressing
+job costs the standby nothing; a stopped rank 0 is named about HEARTBEAT_STALE_S after it stopped.
+
 At very large N one reader still reads N records a period (about 100 bytes each: 0.8 MB a second at
 8,192 ranks). A tree would split that: node leaders (local rank 0) read their node's records and publish
 one summary (lowest collective number, ranks behind) and rank 0 reads the summaries; the verdict logic is
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -38,13 +46,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("npudist.comm")
 ANSWER_PERIODS = 2.5
 """Watchdog periods a probe waits for answers: a live rank polls once per period."""
+HEARTBEAT_EVERY_S = 5.0
+"""How often rank 0's reader says it is alive (with its bound)."""
+HEARTBEAT_STALE_S = 3 * HEARTBEAT_EVERY_S
+"""A heartbeat older than this: rank 0's reader is stopped or gone."""
 
 
 class HangReader:
-    """Rank 0's reader (see the module docstring); ``stats`` feeds the metrics."""
+    """Rank 0's reader, or (``standby``) rank 1's stand-in for it (see the module docstring)."""
 
-    def __init__(self, wd: Watchdog, world: int, clock: Any = time.time, sleep: Any = time.sleep) -> None:
-        self.wd, self.world, self.clock, self.sleep = wd, world, clock, sleep
+    def __init__(self, wd: Watchdog, world: int, clock: Any = time.time, sleep: Any = time.sleep,
+                 standby: bool = False) -> None:
+        self.wd, self.world, self.clock, self.sleep, self.standby = wd, world, clock, sleep, standby
+        self._beat_at = -float("inf")
         self.tracker = hang.ProgressTracker(override_s=wd.hang_timeout_s)
         self.keys = [watchdog._key(r) for r in range(world)]
         self.verdict: dict[str, Any] | None = None
@@ -64,16 +78,50 @@ class HangReader:
 
     def tick(self) -> dict[str, Any] | None:
         """One period: read the records; on a stall past the bound, judge (and abort if so configured)."""
+        if self.standby:
+            return self._stand_by()
         with self._lock:
             if self.verdict is not None:
                 return self.verdict
             records = self.read()
             now = self.clock()
+            if now - self._beat_at >= HEARTBEAT_EVERY_S:
+                self._beat_at = now
+                self.wd._connect().set(heartbeat_key(), json.dumps({"time": now, "bound_s": self.tracker.bound_s}))
             stalled = self.tracker.update(now, records)
             self.stalled_s = self.tracker.stalled_for(now)
             if stalled is None:
                 return None
             self._judge(records, stalled, "", recheck=True)
+            if self.verdict is None:
+                return None
+        if self.wd.hang_action == "abort":
+            self._order_abort()
+        return self.verdict
+
+    def _stand_by(self) -> dict[str, Any] | None:
+        rec, now = self.wd.record, self.clock()
+        if rec is None or rec.state != "entered" or now - rec.wall_time < hang.FLOOR_S:
+            return None  # this rank is moving: nothing to stand in for
+        store = self.wd._connect()
+        beat = _heartbeat(store)
+        if beat is not None and now - beat[0] < HEARTBEAT_STALE_S:
+            return None  # rank 0's reader is alive: the verdict is its to give
+        if store.check([watchdog.verdict_key()]):
+            return None
+        with self._lock:
+            if self.verdict is not None:
+                return self.verdict
+            records = self.read()
+            moved = [r.wall_time for r in records.values() if isinstance(r, watchdog.Record)]
+            waiting = any(isinstance(r, watchdog.Record) and r.state == "entered" for r in records.values())
+            bound = self.wd.hang_timeout_s or (beat[1] if beat is not None else hang.FLOOR_S)
+            last = max(moved, default=now)
+            self.stalled_s = now - last
+            if not waiting or self.stalled_s <= bound:
+                return None
+            self.tracker.prime(records, last, bound)
+            self._judge(records, self.stalled_s, "", recheck=True)
             if self.verdict is None:
                 return None
         if self.wd.hang_action == "abort":
@@ -152,5 +200,23 @@ class HangReader:
         try:
             self.wd._connect().add(watchdog.ctl_key(), watchdog.ABORT_STEP)
         finally:
-            self.wd._abort("rank 0: aborting the hung job (NPUDIST_HANG_ACTION=abort) so that the launcher "
-                           "restarts it")
+            me = self.wd.record.rank if self.wd.record is not None else 0
+            stand_in = " (standing in for rank 0's silent reader)" if self.standby else ""
+            self.wd._abort(f"rank {me}{stand_in}: aborting the hung job (NPUDIST_HANG_ACTION=abort) so that the "
+                           "launcher restarts it")
+
+
+def heartbeat_key() -> str:
+    return watchdog._key("reader-heartbeat")
+
+
+def _heartbeat(store: Any) -> tuple[float, float] | None:
+    """(wall time, bound in seconds) of rank 0's reader's last heartbeat; None if none or unreadable."""
+    if not store.check([heartbeat_key()]):
+        return None
+    try:
+        doc = json.loads(store.get(heartbeat_key()))
+        beat = float(doc["time"]), float(doc["bound_s"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return beat if all(map(math.isfinite, beat)) else None

@@ -49,6 +49,8 @@ ABORT_STEP = 1_000_000
 """Added to the control counter to order an abort; smaller increments are probes."""
 STACK_CHARS = 4000
 """A probed rank's stack is cut to its innermost frames within this many characters."""
+STANDBY_RANK = 1
+"""Rank 1's watchdog stands in for rank 0's hang reader when rank 0 goes silent (hang_reader.py)."""
 VERDICT_WAIT_S = 6.0
 """How long a failing rank other than 0 waits for rank 0's verdict before judging from the records."""
 
@@ -183,7 +185,7 @@ def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause:
 
 class Watchdog:
     def __init__(self, run_dir: str | None = None, enabled: bool = True, hang_timeout_s: float | None = None,
-                 hang_action: str = "abort", reader_factory: Callable[[Watchdog, int], Any] | None = None) -> None:
+                 hang_action: str = "abort", reader_factory: Callable[..., Any] | None = None) -> None:
         self.enabled = enabled
         """False (NPUDIST_WATCHDOG_OFF): calls are neither numbered nor published."""
         self.record: Record | None = None
@@ -192,8 +194,10 @@ class Watchdog:
         """abort, report or off (NPUDIST_HANG_ACTION)."""
         self.reader: Any = None
         """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
+        self.standby: Any = None
+        """Rank 1's stand-in for rank 0's reader (hang_reader.py); None elsewhere."""
         self.reader_factory = reader_factory
-        """Builds the reader from (this watchdog, world size); the CommState passes HangReader."""
+        """Builds the reader from (this watchdog, world size, standby=...); the CommState passes HangReader."""
         self._off = not enabled
         """True once numbering is known to be off for this Runtime (disabled, or a world of one)."""
         self._dirty = threading.Event()
@@ -215,8 +219,11 @@ class Watchdog:
                 self._off = True
                 return None
             self.record = Record(rank=dist.get_rank())
-            if self.record.rank == 0 and self.hang_action != "off" and self.reader_factory is not None:
-                self.reader = self.reader_factory(self, dist.get_world_size())
+            if self.hang_action != "off" and self.reader_factory is not None:
+                if self.record.rank == 0:
+                    self.reader = self.reader_factory(self, dist.get_world_size())
+                elif self.record.rank == STANDBY_RANK:
+                    self.standby = self.reader_factory(self, dist.get_world_size(), standby=True)
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="npudist-watchdog",
                                             daemon=True)
@@ -279,8 +286,8 @@ class Watchdog:
         if value == self._ctl_seen:
             return
         self._ctl_seen = value
-        if value >= ABORT_STEP and rec.rank != 0:
-            self._abort(f"rank {rec.rank}: rank 0 found the job hung (its verdict is in its log and "
+        if value >= ABORT_STEP:  # the ordering rank exits on its own, before its next poll
+            self._abort(f"rank {rec.rank}: the job's hang reader found it hung (its verdict is in its log and "
                         f"{self.run_dir or 'NPUDIST_RUN_DIR'}); exiting so that the launcher restarts the job")
         gen = value % ABORT_STEP
         if gen and self.reader is None:
@@ -321,6 +328,8 @@ class Watchdog:
                     self._poll()
                     if self.reader is not None:
                         self.reader.tick()
+                    if self.standby is not None:
+                        self.standby.tick()
             except Exception as exc:  # the watchdog must never take the job down
                 (log.debug if self._failures else log.warning)(
                     "npudist watchdog: store call failed (%s: %s); hang diagnosis may be late",
@@ -343,6 +352,7 @@ class Watchdog:
                 log.debug("watchdog: last record not published: %s", exc)
         self.record = None
         self.reader = None
+        self.standby = None
         self._stop.set()
         self._dirty.set()
         if thread is not None and thread is not threading.current_thread():
