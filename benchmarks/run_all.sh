@@ -27,5 +27,6 @@ run scrape_latency python benchmarks/scrape_latency.py --seconds 5
 run scrape_hostile_ab python benchmarks/scrape_latency.py --ab 6 --block 3
 run ddp_ab python -m npudist launch --nproc-per-node 2 benchmarks/ddp_ab.py --pairs 10 --block 200
 run ddp_ab_null python -m npudist launch --nproc-per-node 2 benchmarks/ddp_ab.py --pairs 10 --block 200 --aa
+command -v valgrind >/dev/null && run cpu_cost python benchmarks/cpu_cost.py
 run fault_tolerance python benchmarks/fault_tolerance.py --repeats 3
 run ops_infer python benchmarks/bench_ops_infer.py
