@@ -50,7 +50,7 @@ _EFFICIENCY = 2 / 3 * 0.88
 
 @dataclass(frozen=True, kw_only=True)
 class DetectorSettings:
-    false_rate: float = 5e-5
+    false_rate: float = 3e-5
     """Flagged windows per window the job may see when no rank is slow (all ranks together)."""
     max_windows: int = 3
     """Evidence is accumulated over up to this many consecutive windows."""
