@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
+from npudist.comm.constraints import HCCL
+from npudist.sim.hccl import SimHcclGroup
 from tests.conftest import run_npudist
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
@@ -80,3 +85,20 @@ def test_the_backend_counts_what_it_did(default):
     r = default[0]
     assert r["calls"]["all_reduce"] >= 3  # raw sum, npudist's bf16, checkpoint flags
     assert r["bytes"]["all_reduce"] >= 128 * 4
+
+
+def _native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+def test_destroying_the_group_joins_its_host_threads_before_interpreter_exit():
+    # A gloo group left to interpreter finalization can abort the rank at exit; destroy_process_group
+    # calls shutdown(), which must end the host group's worker threads there and then.
+    before = _native_threads()
+    group = SimHcclGroup(dist.HashStore(), 0, 1, timedelta(seconds=30), HCCL)
+    assert _native_threads() > before  # gloo's worker threads
+    group.shutdown()
+    assert _native_threads() <= before
+    with pytest.raises(RuntimeError, match="was shut down"):
+        group.barrier()

@@ -61,11 +61,27 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, row: Constraints) -> None:
         super().__init__(rank, size)
-        self._inner = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
+        host = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
+        self._inner: dist.ProcessGroupGloo | None = host
         self.row = row
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _host_group(self) -> dist.ProcessGroupGloo:
+        if self._inner is None:
+            raise RuntimeError("the simulated hccl group was shut down (destroy_process_group); create a new "
+                               "group with dist.init_process_group or npudist.init() to communicate again")
+        return self._inner
+
+    def shutdown(self) -> None:
+        """Join the host group's worker threads now: destroy_process_group calls this, and a gloo group
+        destroyed later, during interpreter finalization, can abort the process (runtime/state.py, close).
+        ProcessGroupGloo.shutdown leaves its threads running (torch 2.13); only its destructor joins them,
+        and this is the one reference to it."""
+        self._inner = None
+
+    abort = shutdown
 
     def __repr__(self) -> str:
         return f"SimHcclGroup(rank={self.rank()}, size={self.size()}, row={self.row.name})"
@@ -116,33 +132,33 @@ class SimHcclGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         host = self._host("HcclAllReduce", tensors, _op_name(opts))
         SIM.counts.add("all_reduce", tensors)
-        return self._done(list(tensors), self._inner.allreduce(host, opts))
+        return self._done(list(tensors), self._host_group().allreduce(host, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         host = self._host("HcclAllReduce", tensors, _op_name(opts))
         SIM.counts.add("all_reduce_coalesced", tensors)
-        return self._done(list(tensors), self._inner.allreduce_coalesced(host, opts))
+        return self._done(list(tensors), self._host_group().allreduce_coalesced(host, opts))
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
         host = self._host("HcclBroadcast", tensors)
         SIM.counts.add("broadcast", tensors)
-        return self._done(list(tensors), self._inner.broadcast(host, opts))
+        return self._done(list(tensors), self._host_group().broadcast(host, opts))
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         host_in = self._host("HcclAllGather", inputs)
         host_out = [self._host("HcclAllGather", outs) for outs in output_lists]
         SIM.counts.add("all_gather", inputs)
-        return self._done(output_lists, self._inner.allgather(host_out, host_in, opts))
+        return self._done(output_lists, self._host_group().allgather(host_out, host_in, opts))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         (host_out,) = self._host("HcclAllGather", [output])
         (host_in,) = self._host("HcclAllGather", [input])
         SIM.counts.add("all_gather_into_tensor", [input])
-        return self._done(output, self._inner._allgather_base(host_out, host_in, opts))
+        return self._done(output, self._host_group()._allgather_base(host_out, host_in, opts))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -150,7 +166,7 @@ class SimHcclGroup(dist.ProcessGroup):
         host_out = self._host("HcclReduceScatter", outputs, op)
         host_in = [self._host("HcclReduceScatter", ins, op) for ins in input_lists]
         SIM.counts.add("reduce_scatter", outputs)
-        return self._done(list(outputs), self._inner.reduce_scatter(host_out, host_in, opts))
+        return self._done(list(outputs), self._host_group().reduce_scatter(host_out, host_in, opts))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -158,51 +174,51 @@ class SimHcclGroup(dist.ProcessGroup):
         (host_out,) = self._host("HcclReduceScatter", [output], op)
         (host_in,) = self._host("HcclReduceScatter", [input], op)
         SIM.counts.add("reduce_scatter_tensor", [output])
-        return self._done(output, self._inner._reduce_scatter_base(host_out, host_in, opts))
+        return self._done(output, self._host_group()._reduce_scatter_base(host_out, host_in, opts))
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         host = self._host("HcclReduce", tensors, _op_name(opts))
         SIM.counts.add("reduce", tensors)
-        return self._done(list(tensors), self._inner.reduce(host, opts))
+        return self._done(list(tensors), self._host_group().reduce(host, opts))
 
     def gather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
         host_in = self._host("HcclGather", inputs)
         host_out = [self._host("HcclGather", outs) for outs in output_lists]
         SIM.counts.add("gather", inputs)
-        return self._done(output_lists, self._inner.gather(host_out, host_in, opts))
+        return self._done(output_lists, self._host_group().gather(host_out, host_in, opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
         host_out = self._host("HcclScatter", outputs)
         host_in = [self._host("HcclScatter", ins) for ins in input_lists]
         SIM.counts.add("scatter", outputs)
-        return self._done(list(outputs), self._inner.scatter(host_out, host_in, opts))
+        return self._done(list(outputs), self._host_group().scatter(host_out, host_in, opts))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
         (host_out,) = self._host("HcclAlltoAllV", [output])
         (host_in,) = self._host("HcclAlltoAllV", [input])
         SIM.counts.add("all_to_all_single", [input])
-        work = self._inner.alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts)
+        work = self._host_group().alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts)
         return self._done(output, work)
 
     def send(self, tensors, dst, tag=0):
         host = self._host("HcclSend", tensors)
         SIM.counts.add("send", tensors)
-        return self._done(list(tensors), self._inner.send(host, dst, tag))
+        return self._done(list(tensors), self._host_group().send(host, dst, tag))
 
     def recv(self, tensors, src, tag=0):
         host = self._host("HcclRecv", tensors)
         SIM.counts.add("recv", tensors)
-        return self._done(list(tensors), self._inner.recv(host, src, tag))
+        return self._done(list(tensors), self._host_group().recv(host, src, tag))
 
     def barrier(self, opts=None):
         # HCCL's barrier all-reduces a one-element device tensor; the host group's barrier is the same
         # rendezvous without one.
         SIM.counts.calls["barrier"] += 1
-        return self._done([], self._inner.barrier(dist.BarrierOptions()))
+        return self._done([], self._host_group().barrier(dist.BarrierOptions()))
 
 
 def creator(row: Constraints):
