@@ -181,7 +181,7 @@ DEVICES = Dashboard(
         Panel("Collector errors/s", "ops", (
             _q(f"sum by (job, instance, collector, reason) (rate(npudist_collector_errors_total{{job=~\"$job\"}}"
                f"[{RATE}]))", "{{instance}} {{collector}} {{reason}}"),),
-              description="Failed device reads by reason (timeout, exit_code, parse, missing, error)."),
+              description="Failed device reads by reason (timeout, too_large, exit_code, parse, missing, error)."),
         *DEVICE_RELIABILITY_PANELS,
     ),
     (Variable("job", "npudist_device_up", "job"), Variable("node", "npudist_device_up", "node")),

@@ -305,7 +305,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "core mask it runs with (auto, 0, 0_1, 0_1_2, all; none off an NPU).",
               (*RANK_LABELS, "runtime", "core_mask"), "EnsembleServer.stats (npudist.infer)"),
     MetricDef("npudist_collector_errors_total", "counter", "",
-              "Failed reads by collector and reason (timeout, exit_code, parse, missing, config, error).",
+              "Failed reads by collector and reason (timeout, too_large, exit_code, parse, missing, config, error).",
               ("collector", "reason"), "exporter self-monitoring"),
     MetricDef("npudist_collector_last_success_timestamp_seconds", "gauge", "seconds",
               "Unix time of the collector's last successful read.", ("collector",),

@@ -72,7 +72,8 @@ class SourceError(RuntimeError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        """Short label for npudist_collector_errors_total{reason}: timeout, exit_code, parse, missing, error."""
+        """Short label for npudist_collector_errors_total{reason}: timeout, too_large, exit_code, parse, missing,
+        error."""
 
 
 class Source:

@@ -137,13 +137,15 @@ def parse_stat(text: str) -> list[Measurement]:
     return out
 
 
-_NUMBER_UNIT = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+# Fullmatched against a stripped value with one run of blanks: two adjacent \s* runs would backtrack
+# quadratically on a value like `1<120k spaces>!` and hold the GIL (and /metrics) for a minute.
+_NUMBER_UNIT = re.compile(r"([+-]?\d{1,20}(?:\.\d{1,20})?)[ \t]*([A-Za-z]{0,8})")
 _POWER_TO_WATTS = MappingProxyType({"mw": 1e-3, "w": 1.0, "uw": 1e-6})
 
 
 def _quantity(raw: str, scale: Mapping[str, float], default: str) -> float | None:
     """``4.4035 mW`` -> 0.0044035 with scale {'mw': 1e-3}; ``dBm`` is converted as power; None otherwise."""
-    match = _NUMBER_UNIT.match(raw)
+    match = _NUMBER_UNIT.fullmatch(raw.strip())
     if match is None:
         return None
     number = v.number(match.group(1))
