@@ -13,9 +13,11 @@ scrapes the pod's address, so the manifests ask for every interface explicitly."
 
 # Manifest fragments are built per call: each manifest is a fresh document.
 def _resources() -> dict[str, Any]:
-    # Measured: `npudist exporter --source cpu` holds about 240 MB resident (torch is imported); one read
-    # every 5 s costs little CPU.
-    return {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+    # Measured (2026-12-04, torch 2.13 CPU wheel, fake npu-smi, 1 s reads, scraped every second for 40 s):
+    # 242 MB resident, 296 MB peak while npu-smi floods its output (toolrun caps each stream at 4 MiB).
+    # A CUDA or torch_npu torch import adds to that (about 526 MiB reported with one): the limit leaves
+    # twice that as margin, so the kubelet never OOM-kills a healthy exporter.
+    return {"requests": {"cpu": "50m", "memory": "320Mi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
 
 
 def _unprivileged_pod() -> dict[str, Any]:
