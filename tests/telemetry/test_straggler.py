@@ -111,3 +111,18 @@ def test_example_names_the_slowed_rank_with_its_device(tmp_path):
     assert doc["straggler_rank"] == 1 and doc["cause"] == "compute" and doc["slowdown_ratio"] > 1.1
     assert re.search(r"straggler: rank 1 .*works [\d.]+x the median", done.stderr)
     assert not re.search(r"straggler: rank [02] ", done.stderr)
+
+
+@pytest.mark.parametrize("planted", ["straggler-step00000005.tmp", "straggler-step00000005.json"])
+def test_links_planted_in_the_run_dir_are_not_written_through(tmp_path, planted):
+    """Third audit: a co-tenant who can write the run directory plants a link at the temporary or the final
+    name; the diagnosis must land in the run directory as a plain file and the link's target stay intact."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run_dir.mkdir()
+    victim.write_text("precious")
+    (run_dir / planted).symlink_to(victim)
+    (path,) = StragglerDiagnosis(run_dir)(_report(1, 5, [0.02, 0.08], flagged=(1,)))
+    assert victim.read_text() == "precious"
+    assert path == run_dir / "straggler-step00000005.json" and not path.is_symlink()
+    assert json.loads(path.read_text())["straggler_rank"] == 1
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
