@@ -10,7 +10,7 @@ import pytest
 
 from npudist.edge import Recipe
 from npudist.edge.build import name_op, toolkit_message
-from npudist.edge.cli import SpecError, load_callable, parse_kwargs
+from npudist.edge.cli import SpecError, default_out, load_callable, parse_kwargs
 from npudist.edge.convert import accuracy, load_samples, write_dataset
 from tests.conftest import REPO, child_env, run_npudist
 
@@ -96,3 +96,9 @@ def test_model_and_dataset_specs() -> None:
     assert parse_kwargs(["rank=2", "name=a b"]) == {"rank": 2, "name": "a b"}
     with pytest.raises(SpecError, match="expected KEY=VALUE"):
         parse_kwargs(["rank"])
+
+
+def test_the_default_output_sits_beside_the_model() -> None:
+    assert default_out("models/m.onnx") == Path("models/m.rknn")
+    assert default_out("examples/edge_ensemble.py:member_model") == Path("examples/edge_ensemble.member_model.rknn")
+    assert default_out("pkg.mod:build") == Path("build.rknn")

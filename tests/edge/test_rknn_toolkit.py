@@ -72,6 +72,32 @@ def test_onnx_input_for_the_other_targets(tmp_path: Path) -> None:
         assert recipe["accuracy"]["top1_agreement"] == 1.0
 
 
+@pytest.mark.parametrize("content", [b"\x08\x07\x12\xff\xff\xff\xff\x0f", b"\x0a\x80\x80\x80", b"not onnx at all\n"],
+                         ids=["bad-varint", "cut-length", "text"])
+@pytest.mark.parametrize("shape", [[], ["--input-shape", "1,8"]], ids=["own-shape", "given-shape"])
+def test_a_malformed_onnx_file_exits_2_naming_it(tmp_path: Path, content: bytes, shape: list[str]) -> None:
+    """Third audit: protobuf's DecodeError (or IndexError on cut bytes) must not surface as a traceback."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    proc = _npudist(["edge", "convert", str(bad), *shape], tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = " ".join(proc.stderr.split())
+    assert f"npudist edge convert: {bad}: not a readable ONNX model" in text and "Traceback" not in text, text
+    assert not (tmp_path / "bad.rknn").exists()
+
+
+def test_the_rknn_lands_beside_the_onnx_without_out(tmp_path: Path) -> None:
+    onnx_file = tmp_path / "mlp.onnx"
+    export = subprocess.run(
+        [RKNN_PYTHON, "-c", "import sys, torch; from npudist.edge.convert import export_onnx; "
+         "export_onnx(torch.nn.Sequential(torch.nn.Linear(8, 3)), (2, 8), __import__('pathlib').Path(sys.argv[1]))",
+         str(onnx_file)], env=child_env(), text=True, capture_output=True, timeout=120, check=False)
+    assert export.returncode == 0, export.stderr[-2000:]
+    proc = _npudist(["edge", "convert", str(onnx_file)], REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "mlp.rknn").is_file()
+
+
 def test_an_unconvertible_op_is_named_with_the_toolkits_message(tmp_path: Path) -> None:
     proc = _npudist(["edge", "convert", f"{REPO / 'tests' / 'edge' / 'rknn_models.py'}:with_unique",
                      "--input-shape", "1,8", "-o", str(tmp_path / "u.rknn")], tmp_path)

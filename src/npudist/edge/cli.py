@@ -67,6 +67,17 @@ def _dataset(spec: str | None, kwargs: dict[str, Any]) -> str | Callable[[], Any
     return lambda: fn(**kwargs)
 
 
+def default_out(model: str) -> Path:
+    """MODEL.rknn beside the model: ``m.onnx`` -> ``m.rknn``; ``dir/f.py:build`` -> ``dir/f.build.rknn``;
+    ``pkg.mod:build`` -> ``./build.rknn``."""
+    if model.endswith(".onnx"):
+        return Path(model).with_suffix(".rknn")
+    file, _, func = model.rpartition(":")
+    if file.endswith(".py"):
+        return Path(file).with_suffix(f".{func}.rknn")
+    return Path(f"{func or model}.rknn")
+
+
 def _shape(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
@@ -80,8 +91,9 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
              "module) to .rknn, and print its accuracy against the source on held-out samples.")
 def convert(
     model: Annotated[str, typer.Argument(help="model.onnx, or a callable returning a torch nn.Module")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="The .rknn to write (with several --dtype: "
-                                      "NAME.fp16.rknn, NAME.int8.rknn).")],
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="The .rknn to write (with several --dtype: "
+                                             "NAME.fp16.rknn, NAME.int8.rknn); default MODEL.rknn beside "
+                                             "the model.")] = None,
     input_shape: Annotated[str | None, typer.Option(help="Input shape, batch first, e.g. 1,8 (required for "
                                                     "a torch module).")] = None,
     target: Annotated[str, typer.Option(help="rk3588, rk3576 or rk3566.")] = "rk3588",
@@ -97,6 +109,7 @@ def convert(
     from npudist.edge import convert as run
 
     dtypes = dtype or ["fp16"]
+    out = out or default_out(model)
     try:
         require_toolkit()
         kwargs = parse_kwargs(arg or [])

@@ -141,7 +141,8 @@ def convert(model: Any, out: str | Path, *, input_shape: Sequence[int] | None = 
         onnx_path = Path(model)
         if not onnx_path.is_file():
             raise ValueError(f"{onnx_path}: no such ONNX file")
-        shape = tuple(input_shape) if input_shape else _onnx_input_shape(onnx_path)
+        dims = _onnx_input_dims(onnx_path)
+        shape = tuple(input_shape) if input_shape else _static_shape(onnx_path, dims)
     else:
         if not input_shape:
             raise ValueError("a torch module needs input_shape (e.g. 1,8: batch first)")
@@ -173,10 +174,21 @@ def convert(model: Any, out: str | Path, *, input_shape: Sequence[int] | None = 
     return ConvertResult(out, recipe)
 
 
-def _onnx_input_shape(path: Path) -> tuple[int, ...]:
+def _onnx_input_dims(path: Path) -> Any:
+    """The first graph input's dims; ValueError naming the file when it is not a readable ONNX model."""
     import onnx
 
-    dims = onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim
+    try:
+        graph = onnx.load(str(path)).graph
+    except Exception as exc:  # protobuf DecodeError; IndexError/UnicodeDecodeError/ValueError on cut bytes
+        raise ValueError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}); export it again "
+                         "(torch.onnx.export) or give a torch module instead") from None
+    if not graph.input:
+        raise ValueError(f"{path}: the ONNX graph declares no input; export it again with its input named")
+    return graph.input[0].type.tensor_type.shape.dim
+
+
+def _static_shape(path: Path, dims: Any) -> tuple[int, ...]:
     shape = tuple(d.dim_value for d in dims)
     if not shape or any(d < 1 for d in shape):
         raise ValueError(f"{path}: its input has a dynamic shape {[d.dim_param or d.dim_value for d in dims]}; "
