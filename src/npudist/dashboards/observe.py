@@ -8,7 +8,9 @@ no grafana package), so it prints how to start Grafana on the exported provision
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -55,8 +57,33 @@ def grafana_hint(out: Path, url: str) -> str:
             f"then open http://127.0.0.1:3000 (admin/admin); its data source is {url}.")
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    """Return once the Prometheus at ``url`` answers /-/ready; ObserveError if it exits or times out."""
+def _port_taken(port: int) -> ObserveError:
+    return ObserveError(f"port {port} on 127.0.0.1 is already in use by another process (another Prometheus or "
+                        "`npudist observe`?); stop it or pass --port with a free port")
+
+
+def check_port_free(port: int) -> None:
+    """ObserveError when something already listens on 127.0.0.1:``port``: its /-/ready would answer for ours."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise _port_taken(port) from None
+
+
+def _serves(url: str, tsdb: Path) -> bool:
+    """The Prometheus at ``url`` is the one started on ``tsdb`` (its own flags say where its data lives)."""
+    try:
+        with urllib.request.urlopen(url + "/api/v1/status/flags", timeout=5) as r:
+            flags = json.load(r).get("data", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(flags, dict) and flags.get("storage.tsdb.path") == str(tsdb)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float, tsdb: Path | None = None) -> None:
+    """Return once the Prometheus at ``url`` answers /-/ready and is ``proc`` (its data in ``tsdb``);
+    ObserveError if it exits, times out, or another process answers on that port."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -64,6 +91,8 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
         try:
             with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
                 if r.status == 200:
+                    if tsdb is not None and not _serves(url, tsdb):
+                        raise _port_taken(int(url.rsplit(":", 1)[1]))
                     return
         except OSError:
             pass
@@ -86,6 +115,7 @@ def observe(opts: ObserveOptions, command: Sequence[str] = (), say: Callable[[st
 
     Returns the command's exit code (0 without a command)."""
     binary = prometheus_binary(opts.prometheus)
+    check_port_free(opts.port)
     url = f"http://127.0.0.1:{opts.port}"
     out = opts.out.resolve()
     export(out, ExportOptions(targets_file=str(opts.targets_file.resolve()), node_targets=opts.node_targets,
@@ -96,7 +126,7 @@ def observe(opts: ObserveOptions, command: Sequence[str] = (), say: Callable[[st
                              f"--storage.tsdb.path={out / 'tsdb'}", f"--web.listen-address=127.0.0.1:{opts.port}"],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_ready(url, proc, READY_TIMEOUT_S)
+        wait_ready(url, proc, READY_TIMEOUT_S, out / "tsdb")
         say(f"npudist observe: Prometheus at {url}  (targets: {url}/targets, alerts: {url}/alerts, "
             f"loss: {url}/graph?g0.expr=npudist_training_loss)")
         say(f"npudist observe: scraping the ranks listed in {opts.targets_file}; log in {out / 'prometheus.log'}")
