@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from npudist.dashboards import DASHBOARDS, check_dir, export, files
+from npudist.dashboards import DASHBOARDS, ExportOptions, check_dir, export, files
 from npudist.dashboards.check import unknown_metrics
 from npudist.dashboards.promql import PromQLError, metric_names, substitute
+from npudist.dashboards.rules import rules_document
 from tests.conftest import run_npudist
 
 
@@ -169,3 +170,29 @@ def test_loss_throughput_and_checkpoint_panels_and_failure_alert():
         assert metric in exprs, metric
     (failed,) = [a for a in ALERTS if a.name == "NpudistCheckpointFailed"]
     assert "npudist_checkpoint_failures_total" in failed.expr
+
+
+@pytest.mark.parametrize("url", ["https://wiki.example/{{ $labels.job }}/runbook", "https://wiki.example/run book",
+                                 "https://wiki.example/a|b"])
+def test_a_runbook_url_prometheus_would_template_is_refused(tmp_path, url):
+    """Third audit: `{{` in --runbook-url made every alert rule invalid while the export exited 0."""
+    out = tmp_path / "out"
+    bad = run_npudist(["dashboards", "export", "--out", str(out), "--runbook-url", url], timeout=240)
+    text = " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "percent-encode" in text and "Traceback" not in text, bad.stderr
+    assert not out.exists()  # nothing half-written
+    with pytest.raises(ValueError, match="percent-encode"):
+        rules_document(runbook_url=url)
+
+
+def test_check_names_a_templated_runbook_url_in_a_hand_edited_export(tmp_path):
+    import yaml
+
+    export(tmp_path, ExportOptions())
+    rules = tmp_path / "prometheus" / "rules.yml"
+    doc = yaml.safe_load(rules.read_text())
+    alert = next(r for g in doc["groups"] for r in g["rules"] if "alert" in r)
+    alert["annotations"]["runbook_url"] = "https://x/{{ .Foo }}#a"
+    rules.write_text(yaml.safe_dump(doc))
+    assert any(f"alert {alert['alert']}: runbook_url" in p and "percent-encode" in p
+               for p in check_dir(tmp_path).problems)

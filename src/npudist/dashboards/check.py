@@ -21,6 +21,7 @@ import yaml
 
 from npudist.dashboards.panels import GRAFANA_UNITS, PANEL_TYPES
 from npudist.dashboards.promql import PromQLError, metric_names, substitute
+from npudist.dashboards.rules import runbook_url_problem
 from npudist.telemetry.exposition.catalogue import BY_NAME
 
 BUILTINS = frozenset({"up", "ALERTS", "ALERTS_FOR_STATE"})
@@ -106,8 +107,9 @@ def rule_exprs(doc: Any) -> tuple[list[str], set[str], list[str]]:
                 for key in ("summary", "description", "runbook_url"):
                     if not ann.get(key):
                         problems.append(f"alert {r['alert']}: no {key!r} annotation")
-                if not str(ann.get("runbook_url", "")).startswith(("https://", "http://", "file://")):
-                    problems.append(f"alert {r['alert']}: runbook_url must be an absolute URL")
+                url_problem = runbook_url_problem(str(ann.get("runbook_url", "")).split("#", 1)[0])
+                if url_problem is not None:
+                    problems.append(f"alert {r['alert']}: runbook_url {url_problem}")
     return problems, recorded, exprs
 
 

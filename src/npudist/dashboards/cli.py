@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from npudist.dashboards.rules import RUNBOOK_URL
+from npudist.dashboards.rules import RUNBOOK_URL, runbook_url_problem
 
 app = typer.Typer(no_args_is_help=True, help="Grafana dashboards and Prometheus rules for npudist metrics.")
 err = Console(stderr=True)
@@ -28,9 +29,9 @@ def export_cmd(
 ) -> None:
     from npudist.dashboards.export import ExportOptions, export
 
-    if not runbook_url.startswith(("https://", "http://", "file://")):
-        err.print(f"[bold red]npudist dashboards export:[/] --runbook-url {runbook_url!r} must be absolute "
-                  "(https://...): Alertmanager and Grafana show it as a link")
+    problem = runbook_url_problem(runbook_url)
+    if problem is not None:
+        err.print(f"[bold red]npudist dashboards export:[/] --runbook-url {escape(problem)}")
         raise typer.Exit(2)
     opts = ExportOptions(targets_file=targets_file, node_targets=tuple(node_target or ["127.0.0.1:9400"]),
                          scrape_interval=scrape_interval, prometheus_url=prometheus_url, runbook_url=runbook_url)

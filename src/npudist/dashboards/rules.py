@@ -24,6 +24,22 @@ from npudist.telemetry.exposition.catalogue import THRESHOLDS
 RUNBOOK = "docs/runbook.md"
 RUNBOOK_URL = "https://github.com/npudist/npudist/blob/main/docs/runbook.md"
 """Where ``runbook_url`` points unless the export names another copy (``--runbook-url``)."""
+# RFC 3986 leaves these out of a URL; Prometheus expands every annotation as a Go text/template, so one
+# `{{` in it makes each alert rule invalid (promtool: "template: __alert_...: unexpected ...").
+_NOT_IN_URL = frozenset(' "<>\\^`{|}') | frozenset(map(chr, range(0x20))) | {chr(0x7F)}
+
+
+def runbook_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the runbook_url annotation's base, or None when it can."""
+    if not url.startswith(("https://", "http://", "file://")):
+        return f"{url!r} must be absolute (https://...): Alertmanager and Grafana show it as a link"
+    bad = sorted({c for c in url if c in _NOT_IN_URL})
+    if bad:
+        return (f"{url!r} holds {', '.join(map(repr, bad))}, which a URL cannot hold and Prometheus would read "
+                "as a template: percent-encode them (e.g. { as %7B, space as %20)")
+    return None
+
+
 SEVERITY_LABELS = MappingProxyType({"P1": "critical", "P2": "warning", "P3": "info"})
 SEVERITIES = tuple(SEVERITY_LABELS)
 JOB_MATCH = 'job=~"npudist.*"'
@@ -263,7 +279,10 @@ ALERTS: tuple[Alert, ...] = (
 
 def rules_document(alerts: tuple[Alert, ...] = ALERTS, recordings: tuple[Recording, ...] = RECORDINGS,
                    runbook_url: str = RUNBOOK_URL) -> dict[str, Any]:
-    """The rules file as data: one recording group, one alert group."""
+    """The rules file as data: one recording group, one alert group; ValueError for an unusable runbook_url."""
+    problem = runbook_url_problem(runbook_url)
+    if problem is not None:
+        raise ValueError(f"runbook_url {problem}")
     return {"groups": [
         {"name": "npudist.recording", "rules": [
             {"record": r.record, "expr": r.expr, **({"labels": dict(r.labels)} if r.labels else {})}
