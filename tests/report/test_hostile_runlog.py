@@ -165,3 +165,22 @@ def test_any_finite_points_make_a_clean_chart(points, log2_x, from_zero):
                      y_from_zero=from_zero)
     assert_clean_svg(svg)
     assert "nan" not in svg.lower() and "inf" not in svg.lower()
+
+
+@pytest.mark.parametrize("mtime", [1e20, -1e20, float("nan")])
+def test_a_checkpoint_time_no_calendar_holds_is_shown_as_such(tmp_path, monkeypatch, mtime):
+    """Third audit: an mtime outside gmtime's range (set on a filesystem with 64-bit times, or a FUSE mount
+    that reports garbage) crashed the report. Filesystems here clamp utime, so the stat is injected."""
+    import dataclasses
+
+    from npudist.report import records
+
+    root = write_run(tmp_path / "run")
+    (root / "step-00000010").mkdir()
+    (root / "step-00000010" / "model.pt").write_bytes(b"x" * 10)
+    real = records.run_files
+    monkeypatch.setattr(records, "run_files", lambda r: tuple(
+        [dataclasses.replace(f, mtime=mtime) for f in files] for files in real(r)))
+    page, data = report_html(root)
+    assert [f.step for f in data.checkpoints] == [10]
+    assert "step-00000010" in page and "not recorded (record time out of range)" in page

@@ -200,7 +200,8 @@ def summary(run: RunRecords) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _when(t: float) -> str:
+def utc_time(t: float) -> str:
+    """``t`` (seconds since the epoch) as a UTC date and time, or a note when no calendar holds it."""
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
     except (OverflowError, OSError, ValueError):  # a time no calendar holds (hostile or corrupt record)
@@ -233,8 +234,8 @@ def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
     last_step = max((r["step"] for r in run.records if r["kind"] == "step"), default=None)
     hosts = sorted({str(r["node"]) for r in starts if r.get("node")})
     return (
-        ("started", _when(min(times))),
-        ("ended", _when(max(times))),
+        ("started", utc_time(min(times))),
+        ("ended", utc_time(max(times))),
         ("duration", _span(max(times) - min(times))),
         ("steps", "not recorded" if last_step is None else str(last_step)),
         ("final loss", f"{losses[-1]:.4f}" if losses else "not recorded"),

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from npudist.report.model import DEVICE_PLOTS, WORST_WINDOWS, ReportData, Series
+from npudist.report.model import DEVICE_PLOTS, WORST_WINDOWS, ReportData, Series, utc_time
 from npudist.report.records import RunFile
 from npudist.report.svg import line_chart, number_label
 
@@ -105,7 +104,7 @@ def _files(files: Sequence[RunFile], missing: str, headers: Sequence[str], size:
     body = "".join(
         f'<tr><td class="l">{_link(f.path)}</td><td>{f.step}</td>'
         + (f"<td>{escape(number_label(f.size_bytes))}B</td>" if size else "")
-        + f"<td>{escape(time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(f.mtime)))} UTC</td></tr>" for f in files)
+        + f"<td>{escape(utc_time(f.mtime))}</td></tr>" for f in files)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
