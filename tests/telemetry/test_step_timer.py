@@ -204,3 +204,23 @@ def test_profiled_step_feeds_operator_histograms():
               if s.name.endswith("_count")}
     # only step 2 was profiled: exactly one call of each op
     assert counts == {"matmul": 1.0, "softmax": 1.0, "layer_norm": 1.0}
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -0.5, 1e308])
+def test_a_window_mean_no_clock_gives_is_unknown_and_training_goes_on(monkeypatch, bad):
+    """Third audit: one rank's corrupt mean raised inside skew_report, in step(), on every rank at once."""
+    from npudist.telemetry.job import step_timer
+
+    def gather(row, group):
+        return [[0.1, *[math.nan] * 7], [bad, *[math.nan] * 7], [0.3, *[math.nan] * 7], [bad, *[math.nan] * 7]], 0
+
+    monkeypatch.setattr(step_timer, "_all_gather_rows", gather)
+    metrics = TrainingMetrics(["0", "0", "n1", "", ""])
+    timer = StepTimer(metrics, exchange_every=1, clock=FakeClock())
+    for _ in range(3):
+        timer.step()
+    r = timer.last_report
+    assert r.means[0] == 0.1 and r.means[2] == 0.3 and math.isnan(r.means[1]) and math.isnan(r.means[3])
+    assert r.straggler == 2 and r.skew == pytest.approx(0.1 / 0.2)  # over the two ranks with a clock
+    assert "npudist_rank_straggler" in _fams(metrics)  # the scrape still renders after that window
+    assert skew_report(1, 2, [[bad], [bad]]).skew == 0.0

@@ -39,6 +39,15 @@ class SkewReport:
     """Ranks the StragglerDetector flags at this window."""
 
 
+MAX_WINDOW_MEAN_S = 1e9
+"""About 31 years per step: above it a mean is corrupt, and summing two such would overflow fsum."""
+
+
+def _mean(v: float) -> float:
+    v = float(v)
+    return v if math.isfinite(v) and 0 <= v < MAX_WINDOW_MEAN_S else math.nan
+
+
 def _known(v: float) -> float | None:
     return None if math.isnan(v) else float(v)
 
@@ -58,10 +67,13 @@ def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]
     [, data_wait_s, comm_wait_s]]]) row per rank; NaN = unknown."""
     if not rows:
         raise ValueError("skew needs at least one rank's window mean")
-    means = tuple(float(r[0]) for r in rows)
-    avg = statistics.fmean(means)
-    std = statistics.pstdev(means)  # exact arithmetic: equal ranks give exactly 0
-    straggler = max(range(len(means)), key=lambda i: (means[i], -i))
+    # A mean no clock gives (NaN, inf, negative, past MAX_WINDOW_MEAN_S: a corrupt row or a broken timer on
+    # one rank) is unknown: every rank runs this on the same rows, so raising would stop them all at once.
+    means = tuple(_mean(r[0]) for r in rows)
+    known = [m for m in means if not math.isnan(m)]
+    avg = statistics.fmean(known) if known else 0.0
+    std = statistics.pstdev(known) if known else 0.0  # exact arithmetic: equal ranks give exactly 0
+    straggler = max(range(len(means)), key=lambda i: (-math.inf if math.isnan(means[i]) else means[i], -i))
     return SkewReport(first_step, last_step, means, _column(rows, 1), _column(rows, 2),
                       std / avg if avg > 0 else 0.0, straggler, _column(rows, 3), tuple(_device(r) for r in rows),
                       _column(rows, 6), _column(rows, 7))
