@@ -300,6 +300,23 @@ def test_environment_block_recreates_the_job_variables_in_a_shell():
     assert environment_block({"HOME": "/root"})[1].startswith("# (none")
 
 
+@pytest.mark.parametrize("name", ["NPUDIST_$(touch {p})", "NCCL_`touch {p}`", "HCCL_X\ntouch {p}",
+                                  "NPUDIST_A;touch {p}"])
+def test_a_variable_name_that_is_not_a_shell_name_is_counted_not_printed(tmp_path, name):
+    """Third audit: the names were printed bare, so pasting the block ran `$(...)` from a planted name."""
+    import subprocess
+
+    from npudist.doctor.result import environment_block
+
+    witness = tmp_path / "ran"
+    name = name.format(p=witness)
+    block = environment_block({name: "1", "NPUDIST_TIMEOUT": "30"})
+    assert block[1] == "export NPUDIST_TIMEOUT=30"
+    assert block[2].startswith("# 1 variable(s) left out") and "touch" not in "\n".join(block)
+    subprocess.run(["bash", "-c", "\n".join(block)], capture_output=True, timeout=10, env={}, check=True)
+    assert not witness.exists()
+
+
 def test_doctor_in_a_pipe_ends_with_the_environment_block():
     r = run_npudist(["doctor", "--compact"], env=child_env({"NPUDIST_TIMEOUT": "45", "HCCL_EXEC_TIMEOUT": "900"}))
     lines = r.stdout.splitlines()

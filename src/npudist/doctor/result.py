@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -50,10 +51,19 @@ ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "MLU_VISIBLE_DEVICES", "OMP_NUM_T
                        "LOCAL_RANK", "TORCH_DEVICE_BACKEND_AUTOLOAD"})
 
 
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def environment_block(env: Mapping[str, str]) -> list[str]:
     """``export NAME=value`` lines, shell-quoted, for the variables that shape a distributed job: pasted into
     a shell they recreate it exactly (values with spaces or quotes included)."""
-    names = sorted(k for k in env if k in ENV_NAMES or k.startswith(ENV_PREFIXES))
+    ours = [k for k in env if k in ENV_NAMES or k.startswith(ENV_PREFIXES)]
+    # A name is printed bare after `export`, so only POSIX names are: any other (`NPUDIST_$(cmd)`, a
+    # newline) would run or break out of a comment when pasted. They are counted, never echoed.
+    names = sorted(k for k in ours if _SHELL_NAME.fullmatch(k))
     lines = ["# environment (paste into a shell to reproduce):"]
     lines += [f"export {k}={shlex.quote(env[k])}" for k in names] or ["# (none of the variables npudist reads is set)"]
+    if len(ours) > len(names):
+        lines.append(f"# {len(ours) - len(names)} variable(s) left out: their names are not shell names "
+                     "([A-Za-z_][A-Za-z0-9_]*); `env` shows them")
     return lines
