@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", default=None, help="checkpoints go here; the run resumes from them")
+    p.add_argument("--resume-simulated", action="store_true",
+                   help="resume from a checkpoint a simulated NPU run wrote (refused on a real device otherwise)")
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints (with --run-dir)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     p.add_argument("--sync-checkpoints", action="store_true",
@@ -221,9 +223,12 @@ def params_sha256(model: nn.Module) -> str:
 
 
 def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer,
-           ctx: npudist.DistContext) -> tuple[int, float]:
+           ctx: npudist.DistContext, allow_simulated: bool = False) -> tuple[int, float]:
     """Load the newest good checkpoint into model and optimizer; (0, nan) when starting fresh."""
-    found = checkpoint.load_latest(run_dir) if run_dir else None
+    try:
+        found = checkpoint.load_latest(run_dir, allow_simulated=allow_simulated) if run_dir else None
+    except checkpoint.CheckpointError as exc:  # every rank reads the same manifest, so all stop here
+        raise SystemExit(f"train_ddp.py: {exc}") from None
     if found is None:
         return 0, math.nan
     state, step = found
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     # Gradient buckets go through npudist.comm: adapted to the backend, numbered for hang diagnosis, counted.
     ddp = npudist.ddp(model, **NO_BUFFER_SYNC)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-    start, loss_value = resume(args.run_dir, model, opt, ctx)
+    start, loss_value = resume(args.run_dir, model, opt, ctx, args.resume_simulated)
     if start >= args.steps and ctx.is_main:
         print(f"already at step {start} in {args.run_dir}: raise --steps (make demo STEPS=...) above {start} "
               f"or remove {args.run_dir}", flush=True)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from npudist._version import __version__
+from npudist.checkpoint import provenance
 from npudist.checkpoint.layout import (
     MANIFEST,
     STATE_FILE,
@@ -289,7 +290,7 @@ def _replace(tmp: Path, final: Path, aside: Path) -> None:
 def _publish(root: Path, tmp: Path, final: Path, step: int, keep: int, kind: str, overwrite: bool) -> int:
     """Manifest, fsync, rename into place, prune; the checkpoint's bytes. Rank 0, after all files exist."""
     files = [p for p in tmp.rglob("*") if p.is_file()]
-    manifest = build_manifest(step, files, tmp, kind, __version__)
+    manifest = provenance.stamp(build_manifest(step, files, tmp, kind, __version__), provenance.current_mode())
     text = json.dumps(manifest, indent=1).encode()
     (tmp / MANIFEST).write_bytes(text)
     _fsync_tree(tmp)
@@ -382,11 +383,13 @@ def _prune(root: Path, keep: int, written: int, overwrite: bool) -> None:
 
 
 def load_latest(directory: str | os.PathLike, *, template: dict[str, Any] | None = None,
-                map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], int] | None:
+                map_location: str | torch.device = "cpu",
+                allow_simulated: bool = False) -> tuple[dict[str, Any], int] | None:
     """The newest checkpoint that verifies, as (state, step); None when there is none.
 
     Truncated or corrupted checkpoints are skipped with a warning naming what was wrong, falling back
     to the previous good one. Sharded checkpoints load in place into ``template`` (DCP's contract).
+    CheckpointError when a real run would resume from a simulated NPU's checkpoint (``allow_simulated``).
     """
     root = Path(directory)
     for step in list_checkpoints(root):
@@ -395,6 +398,9 @@ def load_latest(directory: str | os.PathLike, *, template: dict[str, Any] | None
         if manifest is None:
             log.warning("skipping checkpoint %s: %s; falling back to the previous one", path, why)
             continue
+        refused = provenance.refusal(manifest, path, provenance.current_mode(), allow_simulated)
+        if refused is not None:
+            raise CheckpointError(refused)
         try:
             if manifest["kind"] == "sharded":
                 if template is None:
