@@ -67,7 +67,7 @@ def test_every_object_validates_and_the_kustomization_lists_them(accelerator, sc
     kinds = sorted(o["kind"] for o in objs.values())
     job_kind = {"kubeflow": "PyTorchJob", "volcano": "Job"}[scheduler]
     assert kinds == sorted(["Namespace", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "PodMonitor",
-                            job_kind, *["ConfigMap"] * 5])
+                            "NetworkPolicy", job_kind, *["ConfigMap"] * 5])
 
 
 def test_the_validators_reject_a_misspelt_field():
@@ -240,3 +240,20 @@ def test_training_pods_run_restricted_with_no_token_unless_asked(accelerator, sc
 def test_a_capability_is_a_plain_upper_case_name(cap):
     with pytest.raises(DeployError, match="--add-capability"):
         K8sOptions(add_capabilities=(cap,))
+
+
+def test_the_rendezvous_store_is_job_private():
+    """Third audit: whoever reaches the rendezvous port can abort every rank through the control counter, so
+    the job's pods take connections from each other only (any port) and from anyone on the metrics ports."""
+    opts = K8sOptions(nodes=2)
+    objs = _objects(opts)
+    policy = objs["job-networkpolicy.yaml"]
+    job_obj = next(o for o in objs.values() if o["kind"] in ("PyTorchJob", "Job"))
+    pod_labels = next(iter(job_obj["spec"]["pytorchReplicaSpecs"].values()))["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items() and policy["spec"]["policyTypes"] == ["Ingress"]
+    peers, metrics = policy["spec"]["ingress"]
+    assert peers == {"from": [{"podSelector": {"matchLabels": selector}}]} and "ports" not in peers
+    assert "from" not in metrics
+    assert sorted(p["port"] for p in metrics["ports"]) == [opts.metrics_port + i for i in range(opts.nproc)]
+    assert opts.rdzv_port not in {p["port"] for p in metrics["ports"]}

@@ -136,6 +136,22 @@ def pod_monitor(opts: K8sOptions) -> dict[str, Any]:
                                              for p in _metrics_ports(opts)]}}
 
 
+def network_policy(opts: K8sOptions) -> dict[str, Any]:
+    """The job's pods accept traffic from each other only, plus Prometheus on the metrics ports.
+
+    The c10d rendezvous store trusts whoever reaches it: anyone who connects to the rendezvous port can
+    set the keys every rank reads, the control counter that aborts them all included (docs/security.md).
+    Collective traffic (gloo, NCCL sockets) uses ports chosen at run time, so peers are allowed on any port.
+    """
+    labels = job_labels(opts)
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": meta(f"{opts.name}-job-private", opts, labels),
+            "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": labels}}]},
+                                 {"ports": [{"port": p["containerPort"], "protocol": "TCP"}
+                                            for p in _metrics_ports(opts)]}]}}
+
+
 def files(opts: K8sOptions) -> dict[str, str]:
     sched = SCHEDULERS[opts.scheduler]
     return {
@@ -143,4 +159,7 @@ def files(opts: K8sOptions) -> dict[str, str]:
                            f"rank(s) of `npudist launch`, c10d rendezvous on the master pod."),
         "job-podmonitor.yaml": render(pod_monitor(opts), "Scrapes every rank's metrics (step time, skew, "
                                       "collectives) while the job runs."),
+        "job-networkpolicy.yaml": render(network_policy(opts), "Keeps the rendezvous store job-private: only "
+                                         "the job's own pods reach it; Prometheus reaches the metrics ports. "
+                                         "Needs a network plugin that enforces NetworkPolicy (Calico, Cilium)."),
     }
