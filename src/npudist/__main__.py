@@ -38,8 +38,20 @@ def _import_torch(argv: list[str]) -> None:
               "and the host report. `npudist doctor` says how to fix it.", file=sys.stderr)
 
 
+_HELP = ("--help", "-h", "--version")
+# `launch --help` prints torchrun's own options, so it needs torch; bench and deploy import it (CLI help).
+_HELP_NEEDS_TORCH = ("launch",)
+
+
+def help_only(argv: list[str]) -> bool:
+    """The command line only asks for help or the version (before any `--`): no torch needed to answer."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    return not words or (any(w in _HELP for w in words) and words[0] not in _HELP_NEEDS_TORCH)
+
+
 def main() -> None:
-    _import_torch(sys.argv[1:])
+    if not help_only(sys.argv[1:]):
+        _import_torch(sys.argv[1:])
     from npudist.cli import main as cli
 
     cli()

@@ -5,15 +5,47 @@ from __future__ import annotations
 import os
 import sys
 from types import MappingProxyType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from npudist._version import __version__
 
+# Sub-apps whose modules import torch (npudist.comm, the accelerator table): listed by name and help, and
+# imported only when run, so `npudist --help` answers without importing torch (torchrun's help does too).
+_LAZY = MappingProxyType({
+    "bench": ("npudist.comm.bench", "Benchmarks: `npudist bench collective --help`."),
+    "deploy": ("npudist.deploy.cli", "Cluster deployments: `npudist deploy k8s|slurm --help`."),
+})
+
+
+class _Commands(TyperGroup):
+    """npudist's commands, the _LAZY ones loaded on first use."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in _LAZY if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in _LAZY and cmd_name not in self.commands:  # listed in a help page: name and help only
+            return TyperGroup(name=cmd_name, help=_LAZY[cmd_name][1])
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] in _LAZY and args[0] not in self.commands:
+            import importlib
+
+            module, text = _LAZY[args[0]]
+            group = typer.main.get_command(importlib.import_module(module).app)
+            group.name, group.help = args[0], text
+            self.add_command(group, args[0])
+        return super().resolve_command(ctx, args)
+
+
 app = typer.Typer(
     name="npudist",
+    cls=_Commands,
     help="Distributed PyTorch on Ascend NPUs, NVIDIA GPUs, Cambricon MLUs, RK3588 boards and CPUs.",
     no_args_is_help=True,
     add_completion=False,
@@ -37,7 +69,7 @@ def _root(
 
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    help="Start a distributed job: [npudist options] [torchrun options] SCRIPT [ARGS]; --nproc-per-node auto "
+    help="Start a distributed job: \\[npudist options] \\[torchrun options] SCRIPT \\[ARGS]; --nproc-per-node auto "
     "(the default) uses the detected accelerator's devices. --mpi runs one rank under mpirun. "
     "`npudist launch --help` lists npudist's options, then torchrun's.",
 )
@@ -95,15 +127,6 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
     raise typer.Exit(doc.exit_code(results))
 
 
-def _add_bench() -> None:
-    from npudist.comm.bench import app as bench_app
-
-    app.add_typer(bench_app, name="bench", help="Benchmarks: `npudist bench collective --help`.")
-
-
-_add_bench()
-
-
 def _add_dashboards() -> None:
     from npudist.dashboards.cli import app as dashboards_app
 
@@ -111,15 +134,6 @@ def _add_dashboards() -> None:
 
 
 _add_dashboards()
-
-
-def _add_deploy() -> None:
-    from npudist.deploy.cli import app as deploy_app
-
-    app.add_typer(deploy_app, name="deploy", help="Cluster deployments: `npudist deploy k8s|slurm --help`.")
-
-
-_add_deploy()
 
 
 def _add_migrate() -> None:
