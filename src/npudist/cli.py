@@ -37,9 +37,9 @@ class _Commands(TyperGroup):
             import importlib
 
             module, text = _LAZY[args[0]]
-            group = typer.main.get_command(importlib.import_module(module).app)
-            group.name, group.help = args[0], text
-            self.add_command(group, args[0])
+            holder = typer.Typer()  # as add_typer made it: a group even when the sub-app has one command
+            holder.add_typer(importlib.import_module(module).app, name=args[0], help=text)
+            self.add_command(typer.main.get_command(holder).commands[args[0]], args[0])
         return super().resolve_command(ctx, args)
 
 
@@ -99,14 +99,16 @@ _STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", 
 @app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails.")
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
            table: bool = typer.Option(None, "--table/--compact",
-                                      help="A table (default on a terminal) or plain lines (default in a pipe).")
+                                      help="A table (default on a terminal) or plain lines (default in a pipe)."),
+           show_all: bool = typer.Option(False, "--all", help="Show every check whole, the skipped ones included.")
            ) -> None:
     import json
 
+    from rich.markup import escape
     from rich.table import Table
 
     from npudist import doctor as doc
-    from npudist.doctor.result import compact, environment_block, summary_line
+    from npudist.doctor.result import compact, environment_block, shown, skipped_line, summary_line
 
     results = doc.run_checks()
     if as_json:
@@ -114,13 +116,16 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
         raise typer.Exit(doc.exit_code(results))
     title = f"npudist doctor ({__version__})"
     if not (sys.stdout.isatty() if table is None else table):
-        typer.echo("\n".join([*compact(results, title), *environment_block(os.environ)]))
+        typer.echo("\n".join([*compact(results, title, show_all), *environment_block(os.environ)]))
         raise typer.Exit(doc.exit_code(results))
     grid = Table(title=title, show_lines=False)
     for col in ("check", "status", "finding", "fix"):
         grid.add_column(col, overflow="fold")
-    for r in results:
-        grid.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", r.finding, r.fix)
+    rows, skipped = shown(results, show_all)
+    for r in rows:
+        grid.add_row(r.name, f"[{_STYLE[r.status]}]{r.status}[/]", escape(r.finding), escape(r.fix))
+    if skipped:
+        grid.add_row(f"{len(skipped)} checks", f"[{_STYLE['skip']}]skip[/]", escape(skipped_line(skipped) or ""), "")
     Console().print(grid)
     typer.echo(summary_line(results))
     typer.echo("\n".join(environment_block(os.environ)))

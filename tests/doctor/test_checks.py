@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from npudist.doctor import FAIL, OK, SKIP, WARN, Host, as_document, checks, exit_code, run_checks
+from npudist.doctor import FAIL, OK, SKIP, WARN, CheckResult, Host, as_document, checks, exit_code, run_checks
 from tests.conftest import FAKES, child_env, fakes_path, run_npudist
 
 
@@ -109,9 +109,17 @@ def test_network_interface_variables(var, value, status, text):
      ("2m", FAIL, "not an integer")],
 )
 def test_hccl_connect_timeout(value, status, text):
-    env = {} if value is None else {"HCCL_CONNECT_TIMEOUT": value}
+    env = {"ASCEND_HOME_PATH": "/usr/local/Ascend/ascend-toolkit/latest"}
+    env |= {} if value is None else {"HCCL_CONNECT_TIMEOUT": value}
     got = _by_name(checks.hccl_timeouts(_host(env=env)))["HCCL_CONNECT_TIMEOUT"]
     assert got.status == status and text in got.finding
+
+
+def test_hccl_settings_are_not_applicable_without_an_npu():
+    got = _by_name(checks.hccl_timeouts(_host(env={"PATH": ""})))
+    assert {r.status for r in got.values()} == {SKIP} and "n/a: no NPU" in got["HCCL_EXEC_TIMEOUT"].finding
+    set_anyway = _by_name(checks.hccl_timeouts(_host(env={"HCCL_CONNECT_TIMEOUT": "60"})))["HCCL_CONNECT_TIMEOUT"]
+    assert set_anyway.status == FAIL  # a value that is set is still checked
 
 
 def _cann_tree(tmp_path: Path, with_lib: bool) -> dict[str, str]:
@@ -323,3 +331,19 @@ def test_doctor_in_a_pipe_ends_with_the_environment_block():
     start = lines.index("# environment (paste into a shell to reproduce):")
     assert "export NPUDIST_TIMEOUT=45" in lines[start:] and "export HCCL_EXEC_TIMEOUT=900" in lines[start:]
     assert any(" ok, " in line for line in lines[:start])  # the summary line comes before it
+
+
+def test_the_lines_fold_the_skips_and_cut_long_findings_that_all_and_json_keep():
+    from npudist.doctor.result import FINDING_CHARS, compact
+
+    results = [CheckResult("torch", OK, "torch 2.13"), CheckResult("tool:npu-smi", SKIP, "npu-smi not on PATH"),
+               CheckResult("comm-constraints", OK, "name: gloo; " + "reduce sum: bf16, " * 40),
+               CheckResult("ascend-nics", SKIP, "not an Ascend host")]
+    lines = compact(results, "t")
+    assert lines[1].startswith("ok    torch") and not any("npu-smi not on PATH" in line for line in lines)
+    assert "skip  2 not applicable here: tool:npu-smi, ascend-nics (--all says why)" in lines
+    (row,) = [line for line in lines if "comm-constraints" in line]
+    assert row.endswith("... (--json: all of it)") and len(row) < FINDING_CHARS + 30
+    every = compact(results, "t", show_all=True)
+    assert any("npu-smi not on PATH" in line for line in every) and any(results[2].finding in line for line in every)
+    assert lines[-1] == every[-1] == "2 ok, 0 warn, 0 fail, 2 skip"

@@ -351,12 +351,20 @@ _HCCL_TIMEOUTS = (
 )
 
 
+def _ascend_host(host: Host) -> bool:
+    """Signs of an Ascend host: CANN configured, npu-smi on PATH, torch_npu installed or the simulated NPU."""
+    return bool(host.env.get("ASCEND_HOME_PATH") or host.env.get("NPUDIST_SIMULATE") or host.which("npu-smi")
+                or (importlib.util.find_spec("torch_npu") is not None and not _stand_in()))
+
+
 @check("hccl-timeouts")
 def hccl_timeouts(host: Host) -> list[CheckResult]:
     out = []
     for var, default, low, high, effect in _HCCL_TIMEOUTS:
         raw = host.env.get(var, "").strip()
-        if not raw:
+        if not raw and not _ascend_host(host):
+            out.append(CheckResult(var, SKIP, f"n/a: no NPU on this host ({var} applies to HCCL jobs)"))
+        elif not raw:
             out.append(CheckResult(var, OK, f"{var} unset: default {default} s ({effect})"))
         elif not raw.isdigit():
             out.append(CheckResult(var, FAIL, f"{var}={raw!r} is not an integer number of seconds",

@@ -31,15 +31,40 @@ def summary_line(results: list[CheckResult]) -> str:
     return ", ".join(f"{sum(r.status == s for r in results)} {s}" for s in STATUSES)
 
 
-def compact(results: list[CheckResult], title: str) -> list[str]:
+FINDING_CHARS = 160
+"""A finding longer than this is cut in the table and the lines (``--json`` and ``--all`` keep it whole)."""
+
+
+def shown(results: list[CheckResult], show_all: bool) -> tuple[list[CheckResult], list[CheckResult]]:
+    """(rows to print, skips folded into one line): every row with ``show_all``, else the skips folded and
+    long findings cut, so the checks that matter on this host stand out."""
+    if show_all:
+        return list(results), []
+    rows = [r if len(r.finding) <= FINDING_CHARS else
+            CheckResult(r.name, r.status, r.finding[:FINDING_CHARS - 30].rstrip() + " ... (--json: all of it)",
+                        r.fix) for r in results if r.status != "skip"]
+    return rows, [r for r in results if r.status == "skip"]
+
+
+def skipped_line(skipped: list[CheckResult]) -> str | None:
+    """``18 not applicable here: simulation, accelerator:npu, ... (--all says why)``, or None."""
+    if not skipped:
+        return None
+    return f"{len(skipped)} not applicable here: {', '.join(r.name for r in skipped)} (--all says why)"
+
+
+def compact(results: list[CheckResult], title: str, show_all: bool = False) -> list[str]:
     """Plain lines for a pipe or a log: status, check, finding; the fix on its own indented line, unbroken so it
     can be copied. Nothing wraps mid-token, whatever the width."""
-    width = max((len(r.name) for r in results), default=0)
+    rows, skipped = shown(results, show_all)
+    width = max((len(r.name) for r in rows), default=0)
     out = [title]
-    for r in results:
+    for r in rows:
         out.append(f"{r.status:<4}  {r.name:<{width}}  {r.finding}")
         if r.fix:
             out.append(f"{'':<4}  {'':<{width}}  fix: {r.fix}")
+    if (line := skipped_line(skipped)) is not None:
+        out.append(f"skip  {line}")
     out.append(summary_line(results))
     return out
 
