@@ -6,7 +6,7 @@ import pytest
 from npudist.telemetry.exposition import catalogue
 from npudist.telemetry.exposition.catalogue import CATALOGUE, MetricDef, family, markdown_table, problems, validate
 
-NOTES = Path(__file__).resolve().parents[2] / "README.md"
+NOTES = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
 
 
 def test_catalogue_follows_the_naming_rules():
@@ -119,7 +119,7 @@ def test_notes_table_is_generated_from_the_catalogue():
 def test_readme_threshold_table_is_generated_from_the_catalogue():
     from npudist.telemetry.exposition.catalogue import thresholds_table
 
-    text = NOTES.read_text()
+    text = (NOTES.parent / "observing.md").read_text()
     table = text.split("<!-- threshold-table:begin -->\n", 1)[1].split("<!-- threshold-table:end -->", 1)[0]
     assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue --thresholds"
 

@@ -1,7 +1,7 @@
 """Every metric npudist exports, as data: the single source of truth for collectors, docs and dashboards.
 
 Collectors build their families from these rows (``family()``), so a name, type, help text or label set
-cannot drift between the exporter, the README table and dashboard queries. Rows are checked by
+cannot drift between the exporter, the docs/telemetry.md table and dashboard queries. Rows are checked by
 ``validate()`` (a test runs it) against Prometheus naming practice: base units, the unit as the
 name's suffix, ``_total`` on counters (https://prometheus.io/docs/practices/naming/).
 """
@@ -54,7 +54,7 @@ class MetricDef:
     labels: tuple[str, ...]
     """Labels in the order collectors give their values."""
     source: str
-    """Where the value comes from, for the README table."""
+    """Where the value comes from, for the docs/telemetry.md table."""
 
 
 _DEV = "device source (npu-smi, rknpu, NVML, cpu)"
@@ -322,7 +322,7 @@ BY_NAME: Mapping[str, MetricDef] = MappingProxyType({m.name: m for m in CATALOGU
 @dataclass(frozen=True)
 class Threshold:
     """A limit on a metric that the alert rules, the dashboards, the job's own checks (skew warning,
-    straggler diagnosis) and the README all use: written here once."""
+    straggler diagnosis) and the docs all use: written here once."""
 
     name: str
     metric: str
@@ -370,7 +370,7 @@ THRESHOLDS: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in (
 
 
 def thresholds_table(rows: Iterable[Threshold] = THRESHOLDS.values()) -> str:
-    """The README threshold table, generated so it cannot drift from the rules and the job's checks."""
+    """The docs/observing.md threshold table, generated so it cannot drift from the rules and the job's checks."""
     lines = ["| threshold | metric | above | for | alert | meaning |", "|---|---|---|---|---|---|"]
     for t in rows:
         lines.append(f"| `{t.name}` | `{t.metric}` | {t.text} | {t.for_} | {t.alert} | {t.why} |")
@@ -435,7 +435,7 @@ def family(name: str, extra_labels: Sequence[str] = ()) -> Metric:
 
 
 def markdown_table(rows: Iterable[MetricDef] = CATALOGUE) -> str:
-    """The README metric table (name, type, unit, labels, source), generated so it cannot drift."""
+    """The docs/telemetry.md metric table (name, type, unit, labels, source), generated so it cannot drift."""
     lines = ["| name | type | unit | labels | source |", "|---|---|---|---|---|"]
     for m in rows:
         lines.append(f"| `{m.name}` | {m.type} | {m.unit or '-'} | {', '.join(m.labels)} | {m.source} |")
