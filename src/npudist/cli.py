@@ -180,9 +180,11 @@ def exporter(
 
 @app.command(help="Render RUN_DIR's recorded metrics and benchmarks as one self-contained HTML page.")
 def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds metrics/rank*.jsonl)."),
-           out: str = typer.Option("report.html", "-o", "--out", help="HTML file to write.")) -> None:
+           out: str = typer.Option(None, "-o", "--out", help="HTML file to write (default RUN_DIR/report.html).")
+           ) -> None:
     from npudist.report import ReportError, write_report
 
+    out = out or os.path.join(run_dir, "report.html")
     try:
         data = write_report(run_dir, out)
     except ReportError as exc:

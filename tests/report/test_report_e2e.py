@@ -95,3 +95,11 @@ def test_training_run_report_renders_in_chromium(tmp_path):
     for output in (dom.stderr, run.stderr):
         console = [line for line in output.splitlines() if re.search(r"CONSOLE|Uncaught|Refused to", line)]
         assert console == []
+
+
+def test_the_page_lands_in_the_run_dir_by_default(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    proc = run_npudist(["report", str(run_dir)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (run_dir / "report.html").is_file() and not (tmp_path / "report.html").exists()
+    assert f"wrote {run_dir / 'report.html'}" in " ".join(proc.stderr.split())
