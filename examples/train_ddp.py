@@ -351,7 +351,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
             if isinstance(saved, checkpoint.SaveHandle):
                 saved.wait()  # the summary names the checkpoints on disk
-            lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None)
+            lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None,
+                                  diagnosing=bool(args.straggler_diagnosis))
             print("\n".join(f"summary: {line}" for line in lines), flush=True)
     except KeyboardInterrupt:  # Ctrl-C, or torchrun passing on a SIGINT: one line, no traceback
         interrupted = True

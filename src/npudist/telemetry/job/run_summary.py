@@ -56,13 +56,16 @@ class RunSummary:
                 f"{ratio:.2f}x the median of the other ranks (rank {worst_rank}, steps {w.first_step}-{w.last_step}); "
                 f"{self.flagged} window(s) with a flagged rank, max skew {self.max_skew:.3f}")
 
-    def lines(self, run_dir: str | os.PathLike[str] | None = None, checkpoints: CheckpointLines | None = None
-              ) -> list[str]:
-        """The summary's lines: skew, then (with a run directory) diagnoses and checkpoints."""
+    def lines(self, run_dir: str | os.PathLike[str] | None = None, checkpoints: CheckpointLines | None = None,
+              diagnosing: bool = True) -> list[str]:
+        """The summary's lines: skew, then (with a run directory) diagnoses and checkpoints. ``diagnosing``:
+        whether this run wrote diagnosis files at all (off, "none" would read as "no straggler")."""
         out = [self.skew_line()]
         if run_dir is not None:
             diagnoses = sorted(Path(run_dir).glob("straggler-step*.json"))
-            out.append("straggler diagnoses: " + (", ".join(str(p) for p in diagnoses) if diagnoses else "none"))
+            none = "none" if diagnosing else ("off (--straggler-diagnosis WINDOWS writes RUN_DIR/straggler-step*.json "
+                                              "after WINDOWS flagged windows in a row)")
+            out.append("straggler diagnoses: " + (", ".join(str(p) for p in diagnoses) if diagnoses else none))
         if checkpoints is not None:
             out.append(checkpoints.line())
         return out
