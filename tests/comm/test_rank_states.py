@@ -230,3 +230,15 @@ def test_the_states_table_bounds_match_the_code():
     assert rank_states.STATES["stuck"].abort == "stuck" and "300 s" in rank_states.STATES["stuck"].bound
     from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S
     assert DEFAULT_STUCK_TIMEOUT_S == 300.0 and hang.FLOOR_S == 10.0
+
+
+def test_the_manual_has_the_table_of_rank_states_as_the_code_applies_it():
+    """Every state's row, word for word, in the README or a docs/ page: the table cannot drift from STATES."""
+    from tests.conftest import REPO
+
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    for s in rank_states.STATES.values():
+        row = next((ln for ln in text.splitlines() if ln.startswith("|") and f"(`{s.name}`)" in ln), None)
+        assert row is not None, s.name
+        assert s.seen in row and s.action in row and s.bound in row, (s.name, row)
+    assert f"{hang_reader.REPROBE_S:.0f} s" in rank_states.STATES["busy"].action

@@ -54,7 +54,7 @@ STATES = MappingProxyType({s.name: s for s in (
           "NPUDIST_STUCK_TIMEOUT, 300 s without progress", "stuck"),
     State(BUSY, "it answers, and its main thread used CPU time or its stack changed between the two looks "
           "(rank 0 evaluating, a synchronous checkpoint, a compile)",
-          "reported once (where, how long); looked at again every REPROBE_S; never aborted by npudist",
+          "reported once (where, how long); looked at again every 10 s; never aborted by npudist",
           "never (the collective timeout, 600 s by default, still ends the job); NPUDIST_BUSY_TIMEOUT if set",
           "busy"),
     State(DECLARED, "it runs inside `with npudist.busy(\"what\"):` (an inference front waiting for requests, "
