@@ -37,6 +37,8 @@ ASLEEP = Look(stack='  File "train.py", line 3, in step\n    time.sleep(1000)\n'
     ({"look": Look(stack="s", cpu_s=0.2, span_s=0.5)}, "busy"),  # CPU time without a stack change
     ({"look": Look(stack="s", cpu_s=0.01, span_s=0.5)}, "stuck"),  # 2 % of a core: a wait, not work
     ({"look": Look(stack="s", busy="serving requests", busy_s=130.0)}, "declared"),
+    ({"look": ASLEEP, "inside_passed": True}, "out_of_order"),  # waits in a call the others have left
+    ({"look": RUNNING, "inside_passed": True}, "busy"),  # an async call in flight while it computes
 ])
 def test_a_rank_is_put_in_the_state_its_answer_shows(kw, state):
     kw = {"out_of_order": False, "closed": False, "probed": True, **kw}

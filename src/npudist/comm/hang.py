@@ -186,7 +186,8 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         out_of_order=found.kind in ("ahead", "mismatch"),
         closed=isinstance(records.get(r), Record) and records[r].state == "closed",
         probed=answered is not None, look=looks.get(r) if answered is not None and r in answered else None,
-        process=processes.get(r)) for r in culprits}
+        process=processes.get(r), inside_passed=isinstance(records.get(r), Record) and records[r].state == "entered"
+        and records[r].seq < found.top) for r in culprits}
     inside = found.kind == "all_reached" and answered is not None and not culprits
     after = rank_states.abort_after([rank_states.STUCK] if inside else list(states.values()),
                                     stuck_s=stuck_s, busy_s=busy_s)

@@ -46,7 +46,8 @@ STATES = MappingProxyType({s.name: s for s in (
     State(STOPPED, "its watchdog thread does not answer the probe (SIGSTOP, a dead host, a process frozen in "
           "the kernel)", "named, no stack; the job is aborted", "the verdict (~15 s)", "now"),
     State(OUT_OF_ORDER, "it is inside another collective than the one the others wait in (a skipped call, "
-          "another op or size)", "named; the job is aborted", "the verdict (~15 s)", "now"),
+          "another op or size), or waits inside one the others have left", "named; the job is aborted",
+          "the verdict (~15 s)", "now"),
     State(STUCK, "it answers, but between two looks its main thread used no CPU time and its stack did not "
           "change, outside the others' collective (a deadlocked data loader, a hung file system call) - or "
           "every rank answers from inside the same collective",
@@ -108,11 +109,13 @@ def parse_look(raw: bytes | str) -> Look:
 
 
 def classify(*, out_of_order: bool, closed: bool, probed: bool, look: Look | None,
-             process: str | None = None) -> str:
+             process: str | None = None, inside_passed: bool = False) -> str:
     """The state of one rank the others wait for (see STATES).
 
     ``process``: what the local process table says of it when it runs on this host ("gone", "stopped" or
-    None when unknown or elsewhere).
+    None when unknown or elsewhere). ``inside_passed``: its record says it is inside a collective that the
+    others have left; waiting there (not running) it can never return, since they will not come back.
+    An asynchronous call stays "inside" until its wait, so a rank that runs there is busy, not out of order.
     """
     if out_of_order:
         return OUT_OF_ORDER
@@ -126,7 +129,7 @@ def classify(*, out_of_order: bool, closed: bool, probed: bool, look: Look | Non
         return DECLARED
     if look.moved or look.cpu_ratio >= BUSY_CPU_RATIO:
         return BUSY
-    return STUCK
+    return OUT_OF_ORDER if inside_passed else STUCK
 
 
 def describe(state: str, look: Look | None, process: str | None = None) -> str:
@@ -146,7 +149,9 @@ def describe(state: str, look: Look | None, process: str | None = None) -> str:
         return f"answered: live and busy ({how})"
     if state == STUCK:
         return f"answered: live but stuck (same stack, no CPU time over {look.span_s:.1f} s)"
-    return "answered: live" if state == OUT_OF_ORDER else state
+    if state == OUT_OF_ORDER:
+        return "answered: live, but out of order (it waits in a collective the others are not in)"
+    return state
 
 
 def abort_after(states: list[str], *, stuck_s: float, busy_s: float | None) -> float | None:
