@@ -83,8 +83,8 @@ def test_the_main_thread_is_looked_at_running_or_asleep():
     t.start()
     stop.wait(10)
     t.join()
-    assert box["spin"].cpu_ratio > 0.3 and classify(out_of_order=False, closed=False, probed=True,
-                                                      look=box["spin"]) == "busy"
+    # Spinning, it runs (on a loaded host it may get a fifth of a core; the rule needs a tenth).
+    assert classify(out_of_order=False, closed=False, probed=True, look=box["spin"]) == "busy", box["spin"]
     assert box["sleep"].cpu_ratio < 0.05 and not box["sleep"].moved
     assert "stop.wait(10)" in box["sleep"].stack
 
@@ -244,3 +244,22 @@ def test_the_manual_has_the_table_of_rank_states_as_the_code_applies_it():
         assert row is not None, s.name
         assert s.seen in row and s.action in row and s.bound in row, (s.name, row)
     assert f"{hang_reader.REPROBE_S:.0f} s" in rank_states.STATES["busy"].action
+
+
+def test_hang_reports_are_not_written_through_symlinks_planted_in_the_run_dir(store, monkeypatch, tmp_path):
+    """hang-attempt*.json (the reader's verdict) and hang-rank*.json (a failed collective's report)."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("hang-attempt0.json", "hang-rank0.json"):
+        (run_dir / name).symlink_to(victim)
+    ranks, reader, clock, _aborted = _job(store, monkeypatch, {1: None}, run_dir=str(run_dir))
+    assert _run(reader, clock, 20)[0]["states"] == {"1": "stopped"}
+    err = ranks[0]._report("all_reduce", 4, 8, ranks[0].record, reader.read(), "timeout", None)
+    assert "rank 1 on " in str(err) and err.report["where"]["1"]["pid"] > 0
+    assert victim.read_text() == "keep"
+    for name in ("hang-attempt0.json", "hang-rank0.json"):
+        path = run_dir / name
+        assert not path.is_symlink() and json.loads(path.read_text())
+    assert sorted(p.name for p in run_dir.iterdir()) == ["hang-attempt0.json", "hang-rank0.json"]  # no leftovers

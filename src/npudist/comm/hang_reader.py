@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from npudist.comm import hang, rank_states, watchdog
 from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import Records, parse_record
+from npudist.runtime.report_file import write_report
 
 if TYPE_CHECKING:
     from npudist.comm.watchdog import Watchdog
@@ -56,8 +57,6 @@ HEARTBEAT_EVERY_S = 5.0
 """How often rank 0's reader says it is alive (with its bound)."""
 HEARTBEAT_STALE_S = 3 * HEARTBEAT_EVERY_S
 """A heartbeat older than this: rank 0's reader is stopped or gone."""
-WHO_AT_MOST = 64
-"""Ranks whose host and pid a verdict looks up (the line names at most hang.NAMED_IN_LINE)."""
 REPROBE_S = 10.0
 """While a stall lasts without an abort, the suspects are looked at again this often (a busy rank may
 stop, a stuck one may die)."""
@@ -197,21 +196,6 @@ class HangReader:
                 looks[r] = rank_states.parse_look(raw)
         return answered, looks
 
-    def _who(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
-        """(host, pid) that ``ranks`` published at their start; one ``check`` and one ``multi_get``."""
-        store, out = self.wd._connect(), {}
-        keys = [watchdog.who_key(r) for r in ranks[:WHO_AT_MOST]]
-        try:
-            if not keys or not store.check(keys):
-                return out
-            for r, raw in zip(ranks, store.multi_get(keys), strict=False):
-                doc = json.loads(raw)
-                if isinstance(doc.get("host"), str) and isinstance(doc.get("pid"), int):
-                    out[r] = (doc["host"][:100], doc["pid"])
-        except Exception as exc:  # names are a courtesy: the verdict stands without them
-            log.debug("hang reader: where the ranks run is not readable: %s", exc)
-        return out
-
     def _judge(self, records: Records, stalled: float, cause: str, recheck: bool = False) -> None:
         found = hang.suspects(records)
         answered, looks = self._probe(found.ranks)
@@ -222,7 +206,7 @@ class HangReader:
             if self.tracker.update(now, self.read()) is None:
                 self.verdict, self._episode_since = None, None
                 return
-        who = self._who(found.ranks)
+        who = watchdog.read_who(self.wd._connect(), found.ranks)
         verdict = hang.judge(records, found, answered, looks, now=self.clock(), stalled_s=stalled,
                              bound_s=self.tracker.bound_s, cause=cause, who=who, processes=local_processes(who),
                              stuck_s=self.wd.stuck_timeout_s, busy_s=self.wd.busy_timeout_s,
@@ -259,8 +243,7 @@ class HangReader:
             return None
         path = Path(self.wd.run_dir) / f"hang-attempt{watchdog._attempt()}.json"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(verdict, indent=1))
+            write_report(path, json.dumps(verdict, indent=1))
         except OSError as exc:
             verdict["line"] += f" (could not write the report: {exc})"
             return None

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from npudist.comm import rank_states
 from npudist.comm.rank_states import Look
+from npudist.runtime.report_file import write_report
 
 log = logging.getLogger("npudist.comm")
 PUBLISH_INTERVAL_S = 1.0
@@ -495,17 +496,18 @@ class Watchdog:
                 verdict: dict[str, Any] | None) -> CollectiveHangError:
         message = describe(op, seq, nbytes, rec.rank, records, cause)
         ok, missing = reached(records, seq)
+        who = read_who(self._connect(), missing)
         report = {"op": op, "seq": seq, "bytes": nbytes, "rank": rec.rank, "cause": cause, "reached": ok,
                   "not_reached": missing, "ranks": {str(r): _as_json(v) for r, v in records.items()},
-                  "time": time.time()}
+                  "where": {str(r): {"host": h, "pid": p} for r, (h, p) in who.items()}, "time": time.time()}
+        if who:
+            message += " Where: " + ", ".join(f"rank {r} on {h} pid {p}" for r, (h, p) in sorted(who.items())) + "."
         if isinstance(verdict, dict) and isinstance(verdict.get("line"), str):
             message += f" Rank 0's verdict: {verdict['line']}"
             report["verdict"] = verdict
         if self.run_dir:
             try:
-                path = Path(self.run_dir) / f"hang-rank{rec.rank}.json"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(report, indent=1))
+                path = write_report(Path(self.run_dir) / f"hang-rank{rec.rank}.json", json.dumps(report, indent=1))
                 message += f" Report: {path}"
             except OSError as write_exc:
                 message += f" (could not write the report: {write_exc})"
@@ -516,6 +518,28 @@ def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
     if isinstance(rec, BadRecord):
         return {"bad_record": rec.reason}
     return asdict(rec) if rec is not None else None
+
+
+WHO_AT_MOST = 64
+"""Ranks whose host and pid one report looks up (a line names a few; the rest are in the records)."""
+
+
+def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
+    """(host, pid) that ``ranks`` published at their start: one ``check`` and one ``multi_get``, and
+    nothing when some key is missing (a rank that never started) or the store fails."""
+    out: dict[int, tuple[str, int]] = {}
+    ranks = ranks[:WHO_AT_MOST]
+    keys = [who_key(r) for r in ranks]
+    try:
+        if store is None or not keys or not store.check(keys):
+            return out
+        for r, raw in zip(ranks, store.multi_get(keys), strict=True):
+            doc = json.loads(raw)
+            if isinstance(doc, dict) and isinstance(doc.get("host"), str) and isinstance(doc.get("pid"), int):
+                out[r] = (doc["host"][:100], doc["pid"])
+    except Exception as exc:  # names are a courtesy: the report stands without them
+        log.debug("where the ranks run is not readable: %s", exc)
+    return out
 
 
 def _published_verdict(store: Any) -> dict[str, Any] | None:
