@@ -327,7 +327,7 @@ class _Visitor(cst.CSTVisitor):
 
     def _ddp(self, node: cst.Call) -> None:
         module = _kw(node, "module") or _arg(0, node)
-        positional = [a for a in node.args if a.keyword is None]
+        positional = [a for a in node.args if a.keyword is None and not a.star]
         mechanical = module is not None and len(positional) <= 1 and not any(a.star == "*" for a in node.args)
         self._add("ddp-wrap", node, fix=_npudist_ddp if mechanical else None,
                   detail="" if mechanical else "positional or *args after the module: left as written")
