@@ -107,7 +107,10 @@ def _string_value(node: cst.CSTNode) -> str | None:
 
 
 def _cuda_fstring_index(node: cst.CSTNode) -> cst.BaseExpression | None:
-    """``f"cuda:{expr}"`` -> expr."""
+    """``f"cuda:{expr}"`` or ``"cuda:{}".format(expr)`` -> expr."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format" \
+            and _string_value(node.func.value) == "cuda:{}" and len(node.args) == 1 and not node.args[0].keyword:
+        return node.args[0].value
     if isinstance(node, cst.FormattedString) and len(node.parts) == 2:
         text, expr = node.parts
         if isinstance(text, cst.FormattedStringText) and text.value == "cuda:" and \
@@ -251,10 +254,9 @@ class _Visitor(cst.CSTVisitor):
                 not (any(n.startswith("torch.") for n in names) and _dotted(node.func.value)):
             # a method on a value (torch.randn(4).cuda(), nn.Linear(4, 4).cuda()), not torch.x.cuda's module
             self._method_rule(node, node.func.attr.value)
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "format" and \
-                _string_value(node.func.value) == "cuda:{}" and len(node.args) == 1:
-            self._claimed.add(id(node.func.value))
-            self._cuda_string(node, None, node.args[0].value)
+        index = _cuda_fstring_index(node)
+        if index is not None and id(node) not in self._claimed:
+            self._cuda_string(node, None, index)
 
     def _call_rule(self, node: cst.Call, name: str) -> bool:
         if name.startswith("torch.cuda.amp."):
