@@ -32,12 +32,12 @@ EXPECTED = {
         "nccl-string": 1,          # 70 backend = 'nccl'
         "cuda-device-string": 5,   # 72 device = 'cuda', 88 f'cuda:{...}', 109 twice, 126
         "cuda-device-api": 2,      # 73 is_available, 89 set_device
-        "cuda-api": 1,             # 73 is_bf16_supported
+        "cuda-no-op": 1,           # 73 is_bf16_supported (False without CUDA)
         "init-process-group": 0,
         "process-group-setup": 1,  # 84 init_process_group(backend=backend)
         "local-rank-env": 1,       # 86
         "cuda-backend-flags": 2,   # 107 torch.backends.cuda.matmul, 108 cudnn
-        "pin-memory": 2,           # 128 x.pin_memory(), y.pin_memory()
+        "pin-memory-call": 2,      # 128 x.pin_memory(), y.pin_memory()
         "cuda-amp": 1,             # 196 torch.cuda.amp.GradScaler
         "ddp-wrap": 1,             # 212
     },

@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from npudist.migrate.rules import (
     COLLECTIVES,
     CUDA_MEMORY_CALLS,
+    CUDA_NO_OP_CALLS,
     CUDA_STREAM_CALLS,
     DEVICE_KEYWORDS,
     NCCL_ENV,
@@ -275,6 +276,8 @@ class _Visitor(cst.CSTVisitor):
                 self._add("cuda-memory-api", node)
             elif tail in CUDA_STREAM_CALLS:
                 self._add("cuda-streams", node)
+            elif tail in CUDA_NO_OP_CALLS:
+                self._add("cuda-no-op", node)
             else:
                 self._add("cuda-api", node)
         elif name == "torch.distributed.init_process_group":
@@ -302,7 +305,7 @@ class _Visitor(cst.CSTVisitor):
                 self._add("int-device-index", first.value,
                           fix=_constant(f"{_ACC}.device({literal})" if literal else DEVICE))
         elif method == "pin_memory":
-            self._add("pin-memory", node)
+            self._add("pin-memory-call", node)
 
     def _is_index(self, expr: cst.BaseExpression) -> bool:
         if isinstance(expr, cst.Integer):
