@@ -60,7 +60,7 @@ def _behaviour(code: str) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            exec(compile(code, "<probe>", "exec"), {"torch": torch})  # noqa: S102 (the probes above)
+            exec(compile(code, "<probe>", "exec"), {"torch": torch})
         except Exception:
             return "error"
     return ""
