@@ -39,6 +39,7 @@ PROBES: dict[str, list[tuple[str, str]]] = {
                             "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)", "")],
     "pin-memory": [("list(torch.utils.data.DataLoader([torch.ones(2)], pin_memory=True))", "cost")],
     "pin-memory-call": [("torch.zeros(2).pin_memory()", "")],
+    "vendor-locked": [("torch.zeros(2).npu()", ""), ("torch.npu.synchronize()", "")],
 }
 DOCUMENTED = {
     "process-group-setup": "works when the device was set first: advice only",
@@ -49,6 +50,7 @@ DOCUMENTED = {
     "jit-script": "transfer_to_npu documentation: torch.jit.script disabled",
     "channels-last": "transfer_to_npu documentation: channels_last unsupported",
     "nccl-env": "HCCL environment variable reference: NCCL_* ignored",
+    "cuda-env": "CANN environment variable reference: CUDA_* runtime variables ignored",
     "direct-collective": "works; dtype adaptation is npudist.comm's",
     "bf16-collective": "raises under the hccl-strict row (tests/comm)",
 }

@@ -44,6 +44,13 @@ CASES = [
      "m = model.to(memory_format=torch.contiguous_format)"),
     ("nccl-env", 'os.environ["NCCL_SOCKET_IFNAME"] = "eth0"', 'os.environ["GLOO_SOCKET_IFNAME"] = "eth0"'),
     ("direct-collective", "dist.all_reduce(t)", "npudist.all_reduce(t)"),
+    ("cuda-env", 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"',
+     'os.environ["PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:True"'),
+    ("cuda-env", 'os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")',
+     'os.environ.setdefault("ASCEND_LAUNCH_BLOCKING", "1")'),
+    ("vendor-locked", "m = model.npu()", "m = model.to(ctx.device)"),
+    ("vendor-locked", "torch.npu.synchronize()", "npudist.accelerator().synchronize()"),
+    ("vendor-locked", "import torch_npu\ntorch_npu.npu.set_device(0)", "import torch_npu\nx = 1"),
 ]
 
 

@@ -126,6 +126,15 @@ _RULES = (
          "NCCL_* variables are ignored by HCCL and CNCL",
          "the counterpart listed in the finding (set both for a portable job)", False,
          "os.environ.setdefault('HCCL_CONNECT_TIMEOUT', '120')\nos.environ.setdefault('NCCL_CONNECT_TIMEOUT', '120')"),
+    Rule("cuda-env", "warning",
+         "a CUDA runtime variable is ignored by the other vendors' runtimes (silently)",
+         "the counterpart listed in the finding (PYTORCH_NPU_ALLOC_CONF, ASCEND_LAUNCH_BLOCKING)", False,
+         "os.environ.setdefault('PYTORCH_NPU_ALLOC_CONF', 'expandable_segments:True')"),
+    Rule("vendor-locked", "error",
+         "torch_npu-only code (.npu(), torch.npu.*, torch_npu.*): raises wherever torch_npu is absent "
+         "(CPU CI, GPUs, MLUs, RK3588 boards)",
+         "ctx.device / npudist.accelerator() (the same calls for every vendor)", False,
+         "y = x.to(ctx.device)\nnpudist.accelerator().synchronize()"),
     Rule("direct-collective", "info",
          "torch.distributed collectives pass dtypes and layouts to the backend unadapted",
          "npudist.all_reduce / all_gather / broadcast / reduce_scatter adapt to the constraint row", False,
@@ -159,6 +168,14 @@ NCCL_ENV: Mapping[str, str] = MappingProxyType({
 })
 
 # torch.cuda calls by what they do on a torch without CUDA (tests/migrate/test_severity.py calls each):
+# CUDA runtime variable -> its Ascend counterpart (CANN "Environment Variables" reference; torch_npu's
+# PYTORCH_NPU_ALLOC_CONF documentation).
+CUDA_ENV: Mapping[str, str] = MappingProxyType({
+    "PYTORCH_CUDA_ALLOC_CONF": "PYTORCH_NPU_ALLOC_CONF (same syntax for expandable_segments, max_split_size_mb)",
+    "CUDA_LAUNCH_BLOCKING": "ASCEND_LAUNCH_BLOCKING",
+    "CUDA_DEVICE_ORDER": "none: Ascend numbers devices by PCIe order",
+})
+
 CUDA_MEMORY_CALLS = frozenset({
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache",
     "memory_stats",

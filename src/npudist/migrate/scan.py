@@ -19,6 +19,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from npudist.migrate.rules import (
     COLLECTIVES,
+    CUDA_ENV,
     CUDA_MEMORY_CALLS,
     CUDA_NO_OP_CALLS,
     CUDA_STREAM_CALLS,
@@ -86,6 +87,14 @@ def analyse(source: str, *, bf16_refused: bool = False) -> Analysis:
     wrapper.visit(visitor)
     found = sorted(visitor.found, key=lambda f: (f.line, f.column, f.rule))
     return Analysis(wrapper.module, tuple(found))
+
+
+def uses_transfer_to_npu(analysis: Analysis) -> bool:
+    """The file imports ``torch_npu.contrib.transfer_to_npu``, which patches torch.cuda onto the NPU at
+    import (Ascend "PyTorch Model Migration: automatic migration"): it runs on Ascend unchanged."""
+    return any("transfer_to_npu" in cst.Module([]).code_for_node(line) for line in analysis.module.body
+               if isinstance(line, cst.SimpleStatementLine) and
+               any(isinstance(s, cst.Import | cst.ImportFrom) for s in line.body))
 
 
 def _arg(index: int | None, call: cst.Call) -> cst.Arg | None:
@@ -288,6 +297,8 @@ class _Visitor(cst.CSTVisitor):
         elif name.startswith("torch.distributed.") and name.rsplit(".", 1)[1] in COLLECTIVES:
             rule = "bf16-collective" if self._bf16_refused else "direct-collective"
             self._add(rule, node, detail=name.rsplit(".", 1)[1])
+        elif name.startswith(("torch.npu.", "torch_npu.")) and "transfer_to_npu" not in name:
+            self._add("vendor-locked", node, detail=name)
         elif name in _DEVICE_FIRST_ARG:
             self._device_first_arg(node, name)
             return False  # its keywords (device_type=) are still looked at as strings
@@ -304,6 +315,8 @@ class _Visitor(cst.CSTVisitor):
                 literal = first.value.value if isinstance(first.value, cst.Integer) else ""
                 self._add("int-device-index", first.value,
                           fix=_constant(f"{_ACC}.device({literal})" if literal else DEVICE))
+        elif method == "npu":
+            self._add("vendor-locked", node, detail=".npu()")
         elif method == "pin_memory":
             self._add("pin-memory-call", node)
 
@@ -372,6 +385,8 @@ class _Visitor(cst.CSTVisitor):
             self._add("local-rank-env", node)
         elif value in NCCL_ENV:
             self._add("nccl-env", node, detail=f"{value} -> {NCCL_ENV[value]}")
+        elif value in CUDA_ENV:
+            self._add("cuda-env", node, detail=f"{value} -> {CUDA_ENV[value]}")
 
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         index = _cuda_fstring_index(node)
