@@ -109,7 +109,7 @@ def announce(args: argparse.Namespace, rank: int, step: int) -> None:
     """The fault's line, with this rank's last collective as its hang watchdog records it."""
     last = npudist.comm.progress() or {}
     print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f} last={last.get('op')} "
-          f"#{last.get('seq')} {last.get('state')}", flush=True)
+          f"#{last.get('seq')} {last.get('state')} pid={os.getpid()}", flush=True)
 
 
 def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:

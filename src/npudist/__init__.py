@@ -16,7 +16,7 @@ from npudist._version import __version__
 if TYPE_CHECKING:
     from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
     from npudist.comm import active_constraints as constraints
-    from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, reduce_scatter
+    from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, busy, reduce_scatter
     from npudist.comm.ddp import ddp
     from npudist.lifecycle import DistContext, DistInitError, init, shutdown
 
@@ -29,6 +29,7 @@ _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "all_reduce": ("npudist.comm", "all_reduce"),
     "all_reduce_many": ("npudist.comm", "all_reduce_many"),
     "broadcast": ("npudist.comm", "broadcast"),
+    "busy": ("npudist.comm", "busy"),
     "constraints": ("npudist.comm", "active_constraints"),
     "reduce_scatter": ("npudist.comm", "reduce_scatter"),
     "ddp": ("npudist.comm.ddp", "ddp"),
@@ -51,6 +52,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_many",
     "broadcast",
+    "busy",
     "constraints",
     "ddp",
     "init",

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from npudist.accelerators import Accelerator, accelerator
 from npudist.comm import control
+from npudist.comm import state as comm_state
 from npudist.runtime.env import RankInfo, rank_info
 from npudist.runtime.settings import Settings, SettingsError
 from npudist.runtime.state import current, peek
@@ -129,6 +130,9 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
         local_world_size=info.local_world_size, node_rank=info.node_rank, device=device,
         backend=str(dist.get_backend()), accelerator=acc, source=info.source, timeout=td,
     )
+    # The hang watchdog runs from here on, not from the first collective: a rank that loads or compiles
+    # for long before it must be able to say that it is alive and busy.
+    comm_state.start_watchdog()
     return rt.context
 
 

@@ -35,9 +35,10 @@ def test_rewrites_device_init_ddp_and_amp_keeping_comments() -> None:
     assert "import torch  # the framework" in out
     assert "import npudist" in out
     assert out.count("npudist.init(") == 1  # set_device + init_process_group -> one init
-    assert "npudist.init(timeout=t)  # join" in out
+    assert "    ctx = npudist.init(timeout=t)  # join" in out
     assert "# wrap it" in out
-    assert "npudist.ddp(Net().to(npudist.accelerator().device()), find_unused_parameters=True)" in out
+    assert "npudist.ddp(Net().to(ctx.device), find_unused_parameters=True)" in out
+    assert "import torch.distributed" not in out and "DistributedDataParallel" not in out  # dead: F401
     assert "torch.amp.GradScaler(npudist.accelerator().device_type, enabled=True)" in out
     assert "device=npudist.accelerator().device(0)" in out
     assert "cuda" not in out.replace("torch.cuda.amp", "")
@@ -53,7 +54,7 @@ def test_leaves_what_needs_a_person_and_says_why() -> None:
 def test_fix_is_a_no_op_on_its_own_output(script: Path) -> None:
     once = apply(analyse(script.read_text())).code
     assert apply(analyse(once)).code == once
-    assert not [f for f in analyse(once).findings if f.fix is not None]
+    assert not apply(analyse(once)).applied
 
 
 def test_check_exit_codes_and_json(tmp_path: Path) -> None:

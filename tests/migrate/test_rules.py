@@ -23,7 +23,10 @@ CASES = [
     ("cuda-streams", "s = torch.cuda.Stream()", "s = torch.Stream()"),
     ("cuda-amp", "with torch.cuda.amp.autocast():\n    pass", "with torch.autocast(dev):\n    pass"),
     ("cuda-amp", "from torch.cuda.amp import GradScaler\ns = GradScaler()", "s = torch.amp.GradScaler(dev)"),
-    ("cuda-api", "torch.cuda.manual_seed_all(0)", "torch.manual_seed(0)"),
+    ("cuda-api", "p = torch.cuda.get_device_properties(0)", "p = npudist.accelerator().device()"),
+    ("cuda-api", "torch.cuda.reset_peak_memory_stats()", "s = npudist.accelerator().memory_stats()"),
+    ("cuda-no-op", "torch.cuda.manual_seed_all(0)", "torch.manual_seed(0)"),
+    ("pin-memory-call", "p = x.pin_memory()", "p = x"),
     ("cuda-method", "m = model.cuda()", "m = model.to(dev)"),
     ("cuda-device-string", 'x = torch.zeros(2, device="cuda:1")', "x = torch.zeros(2, device=dev)"),
     ("cuda-device-string", 'd = torch.device("cuda")', 'd = torch.device("cpu")'),
@@ -41,6 +44,13 @@ CASES = [
      "m = model.to(memory_format=torch.contiguous_format)"),
     ("nccl-env", 'os.environ["NCCL_SOCKET_IFNAME"] = "eth0"', 'os.environ["GLOO_SOCKET_IFNAME"] = "eth0"'),
     ("direct-collective", "dist.all_reduce(t)", "npudist.all_reduce(t)"),
+    ("cuda-env", 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"',
+     'os.environ["PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:True"'),
+    ("cuda-env", 'os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")',
+     'os.environ.setdefault("ASCEND_LAUNCH_BLOCKING", "1")'),
+    ("vendor-locked", "m = model.npu()", "m = model.to(ctx.device)"),
+    ("vendor-locked", "torch.npu.synchronize()", "npudist.accelerator().synchronize()"),
+    ("vendor-locked", "import torch_npu\ntorch_npu.npu.set_device(0)", "import torch_npu\nx = 1"),
 ]
 
 

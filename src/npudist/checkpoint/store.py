@@ -33,6 +33,7 @@ from npudist.checkpoint.layout import (
     verify,
 )
 from npudist.checkpoint.writer import CheckpointError, SaveHandle, writer
+from npudist.comm import busy as comm_busy
 from npudist.comm import control
 
 log = logging.getLogger("npudist.checkpoint")
@@ -175,16 +176,17 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
         writer().record(snapshot_s=time.perf_counter() - began)
         return handle
     try:
-        if sharded:
-            import torch.distributed.checkpoint as dcp
+        with comm_busy(f"writing checkpoint {step}"):  # the other ranks' wait below is expected
+            if sharded:
+                import torch.distributed.checkpoint as dcp
 
-            dcp.save(state, checkpoint_id=str(tmp))
-        elif rank == 0:
-            _write_state(state, tmp / STATE_FILE)
-        if rank == 0:
-            write_began = time.perf_counter()
-            nbytes = _publish(root, tmp, final, step, keep, "sharded" if sharded else "plain", overwrite)
-            writer().record(write_s=time.perf_counter() - write_began, nbytes=nbytes)
+                dcp.save(state, checkpoint_id=str(tmp))
+            elif rank == 0:
+                _write_state(state, tmp / STATE_FILE)
+            if rank == 0:
+                write_began = time.perf_counter()
+                nbytes = _publish(root, tmp, final, step, keep, "sharded" if sharded else "plain", overwrite)
+                writer().record(write_s=time.perf_counter() - write_began, nbytes=nbytes)
     except Exception as exc:  # any failure, not only OSError: every rank must reach the check below
         error = _explain_write_error(exc, root, step, tmp if sharded else tmp / STATE_FILE)
         writer().record(failed=True)
@@ -391,7 +393,12 @@ def load_latest(directory: str | os.PathLike, *, template: dict[str, Any] | None
     to the previous good one. Sharded checkpoints load in place into ``template`` (DCP's contract).
     CheckpointError when a real run would resume from a simulated NPU's checkpoint (``allow_simulated``).
     """
-    root = Path(directory)
+    with comm_busy(f"loading a checkpoint from {directory}"):
+        return _load_latest(Path(directory), template, map_location, allow_simulated)
+
+
+def _load_latest(root: Path, template: dict[str, Any] | None, map_location: str | torch.device,
+                 allow_simulated: bool) -> tuple[dict[str, Any], int] | None:
     for step in list_checkpoints(root):
         path = root / step_dir_name(step)
         manifest, why = verify(path)

@@ -9,6 +9,7 @@ from npudist.comm.handshake import MismatchError
 from npudist.comm.recorder import DURATION_BUCKETS, CommStats, OpStats
 from npudist.comm.state import (
     active_constraints,
+    busy,
     hang_stall_seconds,
     progress,
     reset_stats,
@@ -43,6 +44,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_many",
     "broadcast",
+    "busy",
     "describe",
     "hang_stall_seconds",
     "profile",

@@ -18,11 +18,14 @@ Two pure parts, replayable at any world size without a process group:
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from npudist.comm import rank_states
+from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import BadRecord, Record, Records
+from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 
 FLOOR_S = 10.0
 """The smallest stall bound: a few publish intervals and scheduling noise on a loaded host."""
@@ -158,12 +161,20 @@ def _top_frame(stack: str) -> str:
     return lines[-1] if lines else ""
 
 
-def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: dict[int, str], *,
-          now: float, stalled_s: float, bound_s: float, cause: str = "") -> dict[str, Any]:
+def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: Mapping[int, Look | str], *,
+          now: float, stalled_s: float, bound_s: float, cause: str = "",
+          who: Mapping[int, tuple[str, int]] | None = None, processes: Mapping[int, str] | None = None,
+          stuck_s: float = DEFAULT_STUCK_S, busy_s: float | None = None, action: str = "abort") -> dict[str, Any]:
     """The verdict: a JSON-ready report whose ``line`` is the one line rank 0 prints (pure).
 
-    ``answered``: the suspects whose watchdog thread answered the probe (None: no probe was made).
+    ``answered``: the suspects whose watchdog thread answered the probe (None: no probe was made);
+    ``stacks``: their answers (rank_states.Look, or a bare stack); ``who``: (host, pid) of ranks that said
+    where they run; ``processes``: what this host's process table says of a rank it holds. Each culprit gets
+    a state (rank_states.py), and the verdict says after how long of stall the job is aborted
+    (``abort_after_s``: 0 now, None never).
     """
+    looks = {r: v if isinstance(v, Look) else Look(stack=v) for r, v in stacks.items()}
+    who, processes = who or {}, processes or {}
     if found.kind == "all_reached" and answered is not None:
         culprits = sorted(r for r in found.ranks if r not in answered)
     elif found.kind == "all_reached":
@@ -171,41 +182,69 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     else:
         culprits = list(found.ranks)
     good = {r: rec for r, rec in records.items() if isinstance(rec, Record)}
+    states = {r: rank_states.classify(
+        out_of_order=found.kind in ("ahead", "mismatch"),
+        closed=isinstance(records.get(r), Record) and records[r].state == "closed",
+        probed=answered is not None, look=looks.get(r) if answered is not None and r in answered else None,
+        process=processes.get(r), inside_passed=isinstance(records.get(r), Record) and records[r].state == "entered"
+        and records[r].seq < found.top) for r in culprits}
+    inside = found.kind == "all_reached" and answered is not None and not culprits
+    after = rank_states.abort_after([rank_states.STUCK] if inside else list(states.values()),
+                                    stuck_s=stuck_s, busy_s=busy_s)
     top_rec = next((good[r] for r in found.waiting if r in good), None)
     in_call = f"{top_rec.op} #{found.top}" if top_rec else f"collective #{found.top}"
     per_rank: dict[str, Any] = {}
     parts = []
     for r in culprits:
-        alive = None if answered is None else r in answered
-        stack = stacks.get(r, "")
-        closed = isinstance(records.get(r), Record) and records[r].state == "closed"
-        state = ("answered: live but stuck" if alive else
-                 "no watchdog left to answer" if closed else
-                 "did not answer: stopped or dead, no stack (its record lags its last call by up to a second)"
-                 if alive is False else "not probed")
-        per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": alive, "stack": stack or None}
+        look = looks.get(r) if answered is not None and r in answered else None
+        host, pid = who.get(r, ("", 0))
+        per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": None if answered is None else r in answered,
+                            "state": states[r], "stack": look.stack if look and look.stack else None,
+                            "cpu_ratio": round(look.cpu_ratio, 3) if look else None,
+                            "busy": look.busy if look and look.busy else None, "host": host or None, "pid": pid or None}
         if len(parts) < NAMED_IN_LINE:
-            top = _top_frame(stack)
-            parts.append(f"rank {r} {_last(records.get(r), now)}, {state}" + (f", at {top}" if top else ""))
+            top = _top_frame(look.stack) if look else ""
+            at = f" ({host} pid {pid})" if host else ""
+            parts.append(f"rank {r}{at} {_last(records.get(r), now)}, "
+                         f"{rank_states.describe(states[r], look, processes.get(r))}" + (f", at {top}" if top else ""))
     blame = {"behind": "never reached it", "ahead": "ran past it (a skipped collective?)",
              "mismatch": "called something else there",
              "all_reached": "did not answer inside it"}[found.kind]
     if culprits:
-        who = f"rank(s) {_ranks(culprits)} {blame}: " + "; ".join(parts)
+        who_line = f"rank(s) {_ranks(culprits)} {blame}: " + "; ".join(parts)
         if len(culprits) > NAMED_IN_LINE:
-            who += f"; {len(culprits) - NAMED_IN_LINE} more in the report"
+            who_line += f"; {len(culprits) - NAMED_IN_LINE} more in the report"
     else:
-        who = "every rank is alive inside it (a slow link, or a backend stuck below Python)"
-    line = (f"npudist hang: no progress for {stalled_s:.1f} s (bound {bound_s:.1f} s); ranks "
-            f"{_ranks(found.waiting) or 'none'} wait in {in_call}; {who}")
+        who_line = "every rank is alive inside it (a slow link, or a backend stuck below Python)"
+    busy_only = bool(states) and all(st in (rank_states.BUSY, rank_states.DECLARED) for st in states.values())
+    line = (f"npudist {'busy' if busy_only else 'hang'}: no progress for {stalled_s:.1f} s (bound {bound_s:.1f} s); "
+            f"ranks {_ranks(found.waiting) or 'none'} wait in {in_call}; {who_line}")
     if cause:
         line += f". Collective error: {cause}"
+    line += _next(after, action, states, busy_s)
     not_reached = sorted(r for r in records if not isinstance(records[r], Record) or records[r].seq < found.top)
     return {"line": line, "kind": found.kind, "op": top_rec.op if top_rec else None, "seq": found.top,
             "waiting": found.waiting, "culprits": culprits, "not_reached": not_reached,
             "reached": sorted(r for r in records if r not in not_reached), "culprit_ranks": per_rank,
+            "states": {str(r): st for r, st in states.items()}, "abort_after_seconds": after,
             "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "cause": cause or None,
             "ranks": {str(r): _as_json(records[r]) for r in culprits}}
+
+
+def _next(after: float | None, action: str, states: Mapping[int, str], busy_s: float | None) -> str:
+    """What npudist does next, in the verdict's words."""
+    if action != "abort":
+        return f". NPUDIST_HANG_ACTION={action}: npudist aborts nothing"
+    if after == 0:
+        return ""
+    if after is None:
+        declared = all(st == rank_states.DECLARED for st in states.values())
+        hint = "" if declared else '; mark such phases with `with npudist.busy("evaluation"):`'
+        return (". Not a hang: npudist does not abort a busy rank (the collective timeout still applies; "
+                f"NPUDIST_BUSY_TIMEOUT sets a bound){hint}")
+    which = "NPUDIST_BUSY_TIMEOUT" if after == busy_s and rank_states.STUCK not in states.values() else \
+        "NPUDIST_STUCK_TIMEOUT"
+    return f". The job is aborted if it makes no progress for {after:.0f} s in all ({which})"
 
 
 def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:

@@ -2,11 +2,14 @@
 
 Each ``tick()`` (once per watchdog period) costs one ``multi_get`` of the N records. When the job has not
 progressed for longer than its bound (hang.py), the reader probes the suspects (one ``set`` of their
-list, one ``add`` of the control counter; each live suspect's watchdog answers with ``set`` of its
-stack and ``append`` of its rank; then one ``get`` of the answers and one ``multi_get`` of the stacks),
-prints one verdict line, writes ``RUN_DIR/hang-attempt{A}.json``, publishes the verdict in the store for
-the other ranks, and with NPUDIST_HANG_ACTION=abort orders every live rank to exit. A diagnosis thus
-costs O(N) store requests in all.
+list, one ``add`` of the control counter; each live suspect's watchdog answers with ``set`` of two looks
+at its main thread and ``append`` of its rank; then one ``get`` of the answers and one ``multi_get`` of
+the looks), puts each suspect in a state (rank_states.py), prints one verdict line and, unless every
+suspect is merely busy, writes ``RUN_DIR/hang-attempt{A}.json``. While the stall lasts it looks again
+every REPROBE_S and prints a new line only when a state changes; it orders every live rank to exit (with
+NPUDIST_HANG_ACTION=abort) once the states' bound is reached: at once for a rank gone, stopped or out of
+order, after NPUDIST_STUCK_TIMEOUT for a stuck one, never for a busy one unless NPUDIST_BUSY_TIMEOUT is
+set. Progress ends the episode. A diagnosis thus costs O(N) store requests in all.
 
 Every store call here returns at once: the records' keys are created (``compare_set``, once) before the
 first ``multi_get``, the answers key before the probe, and stacks are read only for ranks whose answer
@@ -31,25 +34,32 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npudist.comm import hang, watchdog
+from npudist.comm import hang, rank_states, watchdog
+from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import Records, parse_record
+from npudist.runtime.report_file import write_report
 
 if TYPE_CHECKING:
     from npudist.comm.watchdog import Watchdog
 
 log = logging.getLogger("npudist.comm")
-ANSWER_PERIODS = 2.5
-"""Watchdog periods a probe waits for answers: a live rank polls once per period."""
+ANSWER_PERIODS = 3.0
+"""Watchdog periods a probe waits for answers: a live rank polls once per period, then looks at its main
+thread twice, rank_states.SAMPLE_GAP_S apart."""
 HEARTBEAT_EVERY_S = 5.0
 """How often rank 0's reader says it is alive (with its bound)."""
 HEARTBEAT_STALE_S = 3 * HEARTBEAT_EVERY_S
 """A heartbeat older than this: rank 0's reader is stopped or gone."""
+REPROBE_S = 10.0
+"""While a stall lasts without an abort, the suspects are looked at again this often (a busy rank may
+stop, a stuck one may die)."""
 
 
 class HangReader:
@@ -62,6 +72,10 @@ class HangReader:
         self.tracker = hang.ProgressTracker(override_s=wd.hang_timeout_s)
         self.keys = [watchdog._key(r) for r in range(world)]
         self.verdict: dict[str, Any] | None = None
+        """The current stall's latest verdict (None while the job progresses)."""
+        self._episode_since: float | None = None
+        """When the stall of the current verdict began (the tracker's last progress)."""
+        self._looked_at = -float("inf")
         self.stalled_s = 0.0
         """Seconds without progress at the last tick (0 while progressing)."""
         self._created = False
@@ -81,8 +95,6 @@ class HangReader:
         if self.standby:
             return self._stand_by()
         with self._lock:
-            if self.verdict is not None:
-                return self.verdict
             records = self.read()
             now = self.clock()
             if now - self._beat_at >= HEARTBEAT_EVERY_S:
@@ -90,18 +102,23 @@ class HangReader:
                 self.wd._connect().set(heartbeat_key(), json.dumps({"time": now, "bound_s": self.tracker.bound_s}))
             stalled = self.tracker.update(now, records)
             self.stalled_s = self.tracker.stalled_for(now)
+            if self._episode_since is not None and self.tracker._since != self._episode_since:
+                self.verdict, self._episode_since = None, None  # the job moved: that stall is over
             if stalled is None:
                 return None
-            self._judge(records, stalled, "", recheck=True)
-            if self.verdict is None:
-                return None
-        if self.wd.hang_action == "abort":
+            if self.verdict is None or now - self._looked_at >= REPROBE_S:
+                self._judge(records, stalled, "", recheck=True)
+                if self.verdict is None:
+                    return None
+            abort = self._due(stalled)
+        if abort:
             self._order_abort()
         return self.verdict
 
     def _stand_by(self) -> dict[str, Any] | None:
         rec, now = self.wd.record, self.clock()
         if rec is None or rec.state != "entered" or now - rec.wall_time < hang.FLOOR_S:
+            self.verdict = None
             return None  # this rank is moving: nothing to stand in for
         store = self.wd._connect()
         beat = _heartbeat(store)
@@ -120,13 +137,20 @@ class HangReader:
             self.stalled_s = now - last
             if not waiting or self.stalled_s <= bound:
                 return None
-            self.tracker.prime(records, last, bound)
-            self._judge(records, self.stalled_s, "", recheck=True)
-            if self.verdict is None:
-                return None
-        if self.wd.hang_action == "abort":
+            if self.verdict is None or now - self._looked_at >= REPROBE_S:
+                self.tracker.prime(records, last, bound)
+                self._judge(records, self.stalled_s, "", recheck=True)
+                if self.verdict is None:
+                    return None
+            abort = self._due(self.stalled_s)
+        if abort:
             self._order_abort()
         return self.verdict
+
+    def _due(self, stalled: float) -> bool:
+        """The current verdict's states allow an abort after ``stalled`` seconds without progress."""
+        after = self.verdict.get("abort_after_seconds") if self.verdict is not None else None
+        return self.wd.hang_action == "abort" and after is not None and stalled >= after
 
     def judge_now(self, cause: str) -> dict[str, Any] | None:
         """A collective failed on rank 0: the verdict now, whatever the bound (no abort: the error ends it)."""
@@ -137,73 +161,124 @@ class HangReader:
                 if self.wd.record is not None:
                     records[self.wd.record.rank] = self.wd.record
                 self._judge(records, self.tracker.stalled_for(now), cause)
+                self._publish(self.verdict)
             return self.verdict
 
-    def _probe(self, ranks: list[int]) -> tuple[set[int], dict[int, str]]:
-        """Which of ``ranks`` answer within ANSWER_PERIODS periods, and their stacks."""
+    def _probe(self, ranks: list[int]) -> tuple[set[int], dict[int, Look]]:
+        """Which of ``ranks`` answer within ANSWER_PERIODS periods, and their looks (rank_states.Look)."""
         store = self.wd._connect()
         me = self.wd.record.rank if self.wd.record is not None else 0
         others = [r for r in ranks if r != me]
-        answered, stacks = set(), {}
-        if me in ranks:
-            answered.add(me)
-            stacks[me] = watchdog.main_stack()
+        answered: set[int] = set()
+        looks: dict[int, Look] = {}
         if not others:
-            return answered, stacks
+            if me in ranks:
+                answered.add(me)
+                looks[me] = watchdog.look_at_main(self.wd.busy_phase, time.sleep)
+            return answered, looks
         gen = int(store.add(watchdog.ctl_key(), 0)) % watchdog.ABORT_STEP + 1
         store.set(watchdog.answers_key(gen), "")
         store.set(watchdog.want_key(), ",".join(map(str, others)))
         store.add(watchdog.ctl_key(), 1)
-        self.sleep(watchdog.PUBLISH_INTERVAL_S * ANSWER_PERIODS)
+        if me in ranks:  # this rank looks at itself while the others answer
+            answered.add(me)
+            mine = watchdog.look_at_main(self.wd.busy_phase, time.sleep)
+            looks[me] = mine
+            self.sleep(max(0.0, watchdog.PUBLISH_INTERVAL_S * ANSWER_PERIODS - mine.span_s))
+        else:
+            self.sleep(watchdog.PUBLISH_INTERVAL_S * ANSWER_PERIODS)
         got = {int(x) for x in store.get(watchdog.answers_key(gen)).decode().split(",") if x.strip().isdigit()}
         got &= set(others)
         answered |= got
         if got:
             order = sorted(got)
             for r, raw in zip(order, store.multi_get([watchdog.stack_key(r) for r in order]), strict=True):
-                stacks[r] = raw.decode(errors="replace")
-        return answered, stacks
+                looks[r] = rank_states.parse_look(raw)
+        return answered, looks
 
     def _judge(self, records: Records, stalled: float, cause: str, recheck: bool = False) -> None:
         found = hang.suspects(records)
-        answered, stacks = self._probe(found.ranks)
+        answered, looks = self._probe(found.ranks)
+        self._looked_at = self.clock()
         if recheck:
             # One more read after the probe: if any rank moved on meanwhile, the job was slow, not hung.
             now = self.clock()
             if self.tracker.update(now, self.read()) is None:
+                self.verdict, self._episode_since = None, None
                 return
-        verdict = hang.judge(records, found, answered, stacks, now=self.clock(), stalled_s=stalled,
-                             bound_s=self.tracker.bound_s, cause=cause)
-        path = self._write(verdict)
+        who = watchdog.read_who(self.wd._connect(), found.ranks)
+        verdict = hang.judge(records, found, answered, looks, now=self.clock(), stalled_s=stalled,
+                             bound_s=self.tracker.bound_s, cause=cause, who=who, processes=local_processes(who),
+                             stuck_s=self.wd.stuck_timeout_s, busy_s=self.wd.busy_timeout_s,
+                             action=self.wd.hang_action)
+        first = self.verdict is None
+        if not first and verdict["states"] == self.verdict["states"] and not cause:
+            self.verdict["stalled_seconds"] = stalled  # same states: nothing new to say
+            return
+        if first:
+            verdict["first_time"] = verdict["time"]
+        else:
+            verdict["first_time"] = self.verdict.get("first_time", verdict["time"])
+        busy_only = verdict["line"].startswith("npudist busy:")
+        path = None if busy_only else self._write(verdict)
         if path:
             verdict["line"] += f". Report: {path}"
         print(verdict["line"], file=sys.stderr, flush=True)
+        self.verdict = verdict
+        self._episode_since = self.tracker._since
+        if verdict["abort_after_seconds"] == 0:  # final: the failing ranks' errors and the standby read it
+            self._publish(verdict)
+
+    def _publish(self, verdict: dict[str, Any] | None) -> None:
+        """The verdict, for the ranks whose collective fails or who are ordered to exit."""
+        if verdict is None:
+            return
         try:
             self.wd._connect().set(watchdog.verdict_key(), json.dumps(verdict))
         except Exception as exc:
             log.debug("could not publish the hang verdict: %s", exc)
-        self.verdict = verdict
 
     def _write(self, verdict: dict[str, Any]) -> str | None:
         if not self.wd.run_dir:
             return None
         path = Path(self.wd.run_dir) / f"hang-attempt{watchdog._attempt()}.json"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(verdict, indent=1))
+            write_report(path, json.dumps(verdict, indent=1))
         except OSError as exc:
             verdict["line"] += f" (could not write the report: {exc})"
             return None
         return str(path)
 
     def _order_abort(self) -> None:
+        self._publish(self.verdict)
         try:
             self.wd._connect().add(watchdog.ctl_key(), watchdog.ABORT_STEP)
         finally:
             me = self.wd.record.rank if self.wd.record is not None else 0
             stand_in = " (standing in for rank 0's silent reader)" if self.standby else ""
-            self.wd._abort(f"rank {me}{stand_in}: aborting the hung job (NPUDIST_HANG_ACTION=abort) so that the "
-                           "launcher restarts it")
+            self.wd._abort(f"rank {me}{stand_in}: aborting the hung job (NPUDIST_HANG_ACTION=abort)", self.verdict)
+
+
+def local_processes(who: dict[int, tuple[str, int]]) -> dict[int, str]:
+    """"gone" or "stopped" for ranks that run on this host, from its process table; nothing for the rest."""
+    import psutil
+
+    here, out = socket.gethostname(), {}
+    for r, (host, pid) in who.items():
+        if host != here:
+            continue
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            out[r] = "gone"
+            continue
+        except psutil.Error:
+            continue
+        if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            out[r] = "stopped"
+        elif status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            out[r] = "gone"
+    return out
 
 
 def heartbeat_key() -> str:

@@ -8,7 +8,9 @@ shutdown starts from nothing cached. The public functions below change or read t
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from npudist.comm import constraints as _constraints
@@ -34,7 +36,8 @@ class CommState:
         self.recorder = Recorder()
         self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog,
                                  hang_timeout_s=settings.hang_timeout_s, hang_action=settings.hang_action,
-                                 reader_factory=HangReader)
+                                 reader_factory=HangReader, stuck_timeout_s=settings.stuck_timeout_s,
+                                 busy_timeout_s=settings.busy_timeout_s)
         self.pool = BufferPool()
         self.layouts = LayoutCache()
         self.side_group: object | None = None
@@ -103,6 +106,28 @@ def reset_stats() -> None:
 def set_run_dir(path: str | os.PathLike | None) -> None:
     """Where hang reports are written (default: NPUDIST_RUN_DIR)."""
     state().watchdog.run_dir = str(path) if path else None
+
+
+def start_watchdog() -> None:
+    """Start this rank's hang watchdog now (init() calls it once the group exists)."""
+    state().watchdog.start()
+
+
+@contextlib.contextmanager
+def busy(label: str) -> Iterator[None]:
+    """``with npudist.busy("evaluation"):`` a phase in which the other ranks' wait for this one is expected.
+
+    The hang verdict then reports the wait as declared and never aborts it (NPUDIST_BUSY_TIMEOUT, if set,
+    still applies); a rank that stops or dies inside the block is still named and aborted. Costs two
+    attribute writes; outside an npudist Runtime it does nothing.
+    """
+    rt = peek()
+    if rt is None:
+        yield
+        return
+    st = rt.comm if rt.comm is not None else _attach(rt)
+    with st.watchdog.busy(label):
+        yield
 
 
 def progress() -> dict[str, object] | None:

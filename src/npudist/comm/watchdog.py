@@ -9,8 +9,10 @@ makes at most 2 store requests a second and the job's diagnosis costs O(N) reque
 client the process group already holds (no extra connection per rank).
 
 The control counter carries two requests from the reader: a probe (the suspects' watchdog threads answer
-with their main thread's Python stack, which proves them alive) and, after a verdict with
-NPUDIST_HANG_ACTION=abort, the order to exit with HANG_EXIT_CODE so that a launcher restarts the job.
+with two looks at their main thread, its CPU time and Python stack, which prove them alive and say whether
+they run: rank_states.py) and, after a verdict that may abort, the order to exit with HANG_EXIT_CODE.
+Each rank also publishes once where it runs (host, pid) for the verdicts, and ``busy(label)`` marks a phase
+in which the others' wait is expected.
 
 When a collective fails (a timeout, a peer gone) the failing rank raises CollectiveHangError naming the
 op, its sequence number and the ranks that had and had not reached it: rank 0 from its reader's verdict,
@@ -23,15 +25,17 @@ why the thread must be joined before the process group goes). watched.py numbers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +43,10 @@ from types import MappingProxyType
 from typing import Any
 
 import torch.distributed as dist
+
+from npudist.comm import rank_states
+from npudist.comm.rank_states import Look
+from npudist.runtime.report_file import write_report
 
 log = logging.getLogger("npudist.comm")
 PUBLISH_INTERVAL_S = 1.0
@@ -137,6 +145,29 @@ def verdict_key() -> str:
     return _key("verdict")
 
 
+def who_key(rank: int) -> str:
+    return _key(f"who/{rank}")
+
+
+def main_cpu_s() -> float:
+    """CPU seconds of the main thread (the process's where the platform has no per-thread clock)."""
+    ident = threading.main_thread().ident
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))  # type: ignore[arg-type]
+    except (AttributeError, OSError, TypeError):
+        return time.process_time()
+
+
+def look_at_main(busy: tuple[str, float] | None, wait: Callable[[float], object]) -> Look:
+    """Two looks at the main thread, rank_states.SAMPLE_GAP_S apart: does it run, does its stack move."""
+    t0, cpu0, stack0 = time.monotonic(), main_cpu_s(), main_stack()
+    wait(rank_states.SAMPLE_GAP_S)
+    t1, cpu1, stack1 = time.monotonic(), main_cpu_s(), main_stack()
+    label, since = busy or ("", 0.0)
+    return Look(stack=stack1, cpu_s=max(0.0, cpu1 - cpu0), span_s=t1 - t0, moved=stack1 != stack0, busy=label,
+                busy_s=max(0.0, time.monotonic() - since) if label else 0.0)
+
+
 def main_stack() -> str:
     """The main thread's Python stack, innermost frames last, cut to STACK_CHARS."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
@@ -185,13 +216,21 @@ def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause:
 
 class Watchdog:
     def __init__(self, run_dir: str | None = None, enabled: bool = True, hang_timeout_s: float | None = None,
-                 hang_action: str = "abort", reader_factory: Callable[..., Any] | None = None) -> None:
+                 hang_action: str = "abort", reader_factory: Callable[..., Any] | None = None,
+                 stuck_timeout_s: float = 300.0, busy_timeout_s: float | None = None) -> None:
         self.enabled = enabled
         """False (NPUDIST_WATCHDOG_OFF): calls are neither numbered nor published."""
         self.record: Record | None = None
         self.hang_timeout_s = hang_timeout_s
         self.hang_action = hang_action
         """abort, report or off (NPUDIST_HANG_ACTION)."""
+        self.stuck_timeout_s = stuck_timeout_s
+        """NPUDIST_STUCK_TIMEOUT: stall after which a live rank that does nothing is aborted."""
+        self.busy_timeout_s = busy_timeout_s
+        """NPUDIST_BUSY_TIMEOUT: stall after which a busy rank is aborted (None: never)."""
+        self.busy_phase: tuple[str, float] | None = None
+        """(label, monotonic start) of the innermost npudist.busy() block on this rank's main thread."""
+        self._who_sent = False
         self.reader: Any = None
         """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
         self.standby: Any = None
@@ -229,6 +268,21 @@ class Watchdog:
                                             daemon=True)
             self._thread.start()
         return self.record
+
+    def start(self) -> None:
+        """Start the thread now (init() calls it), so a rank that takes long before its first collective
+        (loading data, compiling) can already answer the probe and rank 0's reader already runs."""
+        if not self._off and self._ensure() is not None and not self._who_sent:
+            self._dirty.set()
+
+    @contextlib.contextmanager
+    def busy(self, label: str) -> Iterator[None]:
+        """Mark a phase in which the other ranks' wait is expected (rank_states.DECLARED)."""
+        outer, self.busy_phase = self.busy_phase, (str(label)[:200], time.monotonic())
+        try:
+            yield
+        finally:
+            self.busy_phase = outer
 
     # enter/done run around every public collective: attribute writes, no syscall beyond the clock,
     # and the publisher is only signalled when it is not already due to publish.
@@ -275,6 +329,9 @@ class Watchdog:
         store = self._connect()
         if rec is None or store is None:
             return
+        if not self._who_sent:
+            store.set(who_key(rec.rank), json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+            self._who_sent = True
         store.set(_key(rec.rank), json.dumps(asdict(rec)))
 
     def _poll(self) -> None:
@@ -287,18 +344,30 @@ class Watchdog:
             return
         self._ctl_seen = value
         if value >= ABORT_STEP:  # the ordering rank exits on its own, before its next poll
-            self._abort(f"rank {rec.rank}: the job's hang reader found it hung (its verdict is in its log and "
-                        f"{self.run_dir or 'NPUDIST_RUN_DIR'}); exiting so that the launcher restarts the job")
+            verdict = _published_verdict(store)
+            self._abort(f"rank {rec.rank}: exiting on the hang reader's order", verdict)
         gen = value % ABORT_STEP
         if gen and self.reader is None:
             wanted = store.get(want_key()).decode()
             if str(rec.rank) in wanted.split(","):
-                store.set(stack_key(rec.rank), main_stack())
+                store.set(stack_key(rec.rank), look_at_main(self.busy_phase, self._stop.wait).to_json())
                 store.append(answers_key(gen), f"{rec.rank},")
 
-    def _abort(self, message: str) -> None:
+    def _abort(self, message: str, verdict: dict[str, Any] | None = None) -> None:
+        """Exit with HANG_EXIT_CODE, saying who the culprit is and what happens next.
+
+        The verdict also goes to torchrun's error file (TORCHELASTIC_ERROR_FILE, the format of
+        torch.distributed.elastic's ErrorHandler.record_exception), so that its closing "Root Cause" block
+        names the culprit instead of the rank that aborted; its time is the verdict's, before the culprit's
+        own exit is seen, so torchrun picks it as the first failure.
+        """
+        culprit = verdict.get("line") if isinstance(verdict, dict) else None
+        message += "; " + restart_note()
+        if isinstance(culprit, str):
+            message += f". The verdict: {culprit}"
         print(f"npudist: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        write_error_file(message, verdict)
         os._exit(HANG_EXIT_CODE)
 
     def _loop(self, stop: threading.Event) -> None:
@@ -353,6 +422,7 @@ class Watchdog:
         self.record = None
         self.reader = None
         self.standby = None
+        self._who_sent = False
         self._stop.set()
         self._dirty.set()
         if thread is not None and thread is not threading.current_thread():
@@ -426,17 +496,18 @@ class Watchdog:
                 verdict: dict[str, Any] | None) -> CollectiveHangError:
         message = describe(op, seq, nbytes, rec.rank, records, cause)
         ok, missing = reached(records, seq)
+        who = read_who(self._connect(), missing)
         report = {"op": op, "seq": seq, "bytes": nbytes, "rank": rec.rank, "cause": cause, "reached": ok,
                   "not_reached": missing, "ranks": {str(r): _as_json(v) for r, v in records.items()},
-                  "time": time.time()}
+                  "where": {str(r): {"host": h, "pid": p} for r, (h, p) in who.items()}, "time": time.time()}
+        if who:
+            message += " Where: " + ", ".join(f"rank {r} on {h} pid {p}" for r, (h, p) in sorted(who.items())) + "."
         if isinstance(verdict, dict) and isinstance(verdict.get("line"), str):
             message += f" Rank 0's verdict: {verdict['line']}"
             report["verdict"] = verdict
         if self.run_dir:
             try:
-                path = Path(self.run_dir) / f"hang-rank{rec.rank}.json"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(report, indent=1))
+                path = write_report(Path(self.run_dir) / f"hang-rank{rec.rank}.json", json.dumps(report, indent=1))
                 message += f" Report: {path}"
             except OSError as write_exc:
                 message += f" (could not write the report: {write_exc})"
@@ -447,4 +518,63 @@ def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
     if isinstance(rec, BadRecord):
         return {"bad_record": rec.reason}
     return asdict(rec) if rec is not None else None
+
+
+WHO_AT_MOST = 64
+"""Ranks whose host and pid one report looks up (a line names a few; the rest are in the records)."""
+
+
+def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
+    """(host, pid) that ``ranks`` published at their start: one ``check`` and one ``multi_get``, and
+    nothing when some key is missing (a rank that never started) or the store fails."""
+    out: dict[int, tuple[str, int]] = {}
+    ranks = ranks[:WHO_AT_MOST]
+    keys = [who_key(r) for r in ranks]
+    try:
+        if store is None or not keys or not store.check(keys):
+            return out
+        for r, raw in zip(ranks, store.multi_get(keys), strict=True):
+            doc = json.loads(raw)
+            if isinstance(doc, dict) and isinstance(doc.get("host"), str) and isinstance(doc.get("pid"), int):
+                out[r] = (doc["host"][:100], doc["pid"])
+    except Exception as exc:  # names are a courtesy: the report stands without them
+        log.debug("where the ranks run is not readable: %s", exc)
+    return out
+
+
+def _published_verdict(store: Any) -> dict[str, Any] | None:
+    try:
+        if store.check([verdict_key()]):
+            doc = json.loads(store.get(verdict_key()))
+            return doc if isinstance(doc, dict) else None
+    except Exception as exc:  # the abort goes on without the culprit's name
+        log.debug("verdict not readable: %s", exc)
+    return None
+
+
+def restart_note() -> str:
+    """What happens after an abort, from what torchrun tells its workers (TORCHELASTIC_* variables)."""
+    left = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "").strip()
+    done = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
+    if left.isdigit() and done.isdigit() and int(left) > int(done):
+        return f"the launcher restarts the job (restart {int(done) + 1} of --max-restarts {left})"
+    return ("nothing restarts it (--max-restarts " + (left or "0") + "): fix or replace the culprit, then run the "
+            "same command again; it resumes from the last checkpoint")
+
+
+def write_error_file(message: str, verdict: dict[str, Any] | None) -> None:
+    """torchrun's per-worker error file, if it gave one; best effort (the exit goes on regardless)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "").strip()
+    if not path:
+        return
+    when = verdict.get("time") if isinstance(verdict, dict) else None
+    stamp = int(when) if isinstance(when, int | float) and math.isfinite(when) else int(time.time())
+    body = {"message": {"message": f"npudist hang verdict: {message}",
+                        "extraInfo": {"py_callstack": f"npudist: {message}", "timestamp": str(stamp)}}}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as fp:
+            json.dump(body, fp)
+    except OSError as exc:
+        log.debug("torchrun error file not written: %s", exc)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
+from npudist.migrate.fold import fold
 from npudist.migrate.scan import Analysis, Finding
 
 
@@ -31,49 +32,122 @@ class _Replace(cst.CSTTransformer):
         return finding.fix(updated)
 
 
-def _is_init(line: cst.BaseStatement, *, bare: bool) -> bool:
-    """``npudist.init(...)`` alone on a line (``bare``: with no arguments and no comment)."""
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-        return False
-    expr = line.body[0]
-    if not (isinstance(expr, cst.Expr) and isinstance(expr.value, cst.Call)):
-        return False
-    call = expr.value
-    named = isinstance(call.func, cst.Attribute) and call.func.attr.value == "init" and \
-        isinstance(call.func.value, cst.Name) and call.func.value.value == "npudist"
-    quiet = not call.args and line.trailing_whitespace.comment is None and not line.leading_lines
-    return named and (quiet or not bare)
+def _parents(module: cst.Module) -> dict[int, cst.CSTNode]:
+    parents: dict[int, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = []
+
+    class _Walk(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if stack:
+                parents[id(node)] = stack[-1]
+            stack.append(node)
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            stack.pop()
+
+    module.visit(_Walk())
+    return parents
 
 
-class _DropRepeatedInit(cst.CSTTransformer):
-    """set_device(local_rank) then init_process_group() both become npudist.init(): keep one."""
+def _guard(node: cst.CSTNode, parents: dict[int, cst.CSTNode]) -> cst.CSTNode | None:
+    """The if / while / conditional expression whose test holds ``node``; None when its value goes elsewhere."""
+    child = node
+    while id(child) in parents:
+        parent = parents[id(child)]
+        if isinstance(parent, cst.If | cst.While | cst.IfExp) and parent.test is child:
+            return parent
+        if isinstance(parent, cst.BaseStatement | cst.BaseSmallStatement):
+            return None
+        child = parent
+    return None
 
-    def _body(self, body: tuple[cst.BaseStatement, ...]) -> list[cst.BaseStatement]:
-        out: list[cst.BaseStatement] = []
-        for line in body:
-            if out and _is_init(out[-1], bare=True) and _is_init(line, bare=False):
-                out[-1] = line
-            elif out and _is_init(line, bare=True) and _is_init(out[-1], bare=False):
-                continue
-            else:
-                out.append(line)
-        return out
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        return updated.with_changes(body=self._body(updated.body))
+def _inside(region: cst.CSTNode, parents: dict[int, cst.CSTNode], node: cst.CSTNode) -> bool:
+    while node is not None:
+        if node is region:
+            return True
+        node = parents.get(id(node))
+    return False
 
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        return updated.with_changes(body=self._body(updated.body))
+
+def _guarded(findings: tuple[Finding, ...], module: cst.Module) -> tuple[Finding, ...]:
+    """``torch.cuda.is_available()`` is rewritten only where everything it guards is rewritten too: otherwise
+    a branch dead off CUDA (``if torch.cuda.is_available(): torch.cuda.get_device_properties(0)``) would run."""
+    parents = _parents(module)
+    left = [f for f in findings if f.fix is None and f.node is not None]
+    out = []
+    for f in findings:
+        if f.fix is None or not _is_available(f.node):
+            out.append(f)
+            continue
+        region = _guard(f.node, parents)
+        blocker = None if region is None else next((g for g in left if _inside(region, parents, g.node)), None)
+        if region is None:
+            out.append(replace(f, fix=None, detail="its value is kept, not tested here: rewrite it where every "
+                                                   "use is ported"))
+        elif blocker is not None:
+            out.append(replace(f, fix=None, detail=f"guards line {blocker.line}: {blocker.code} (left)"))
+        else:
+            out.append(f)
+    return tuple(out)
+
+
+def _is_available(node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+        node.func.attr.value == "is_available" and cst.Module([]).code_for_node(node.func.value).endswith("cuda")
+
+
+def _touched_names(findings: tuple[Finding, ...]) -> set[str]:
+    names: set[str] = set()
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            names.add(node.value)
+
+    for f in findings:
+        if f.node is not None:
+            f.node.visit(_Collect())
+    return names
+
+
+def _drop_dead_imports(original: cst.Module, module: cst.Module, names: set[str]) -> cst.Module:
+    """Imports whose only uses were rewritten (``DDP``, ``dist``, ``cudnn``) go, as ruff's F401 would ask."""
+    context = CodemodContext()
+
+    class _Imports(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> None:
+            for alias in node.names:
+                dotted = cst.Module([]).code_for_node(alias.name)
+                bound = alias.asname.name.value if alias.asname else dotted.split(".")[0]
+                if bound in names:
+                    RemoveImportsVisitor.remove_unused_import(
+                        context, dotted, asname=alias.asname.name.value if alias.asname else None)
+
+        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+            if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+                return
+            module_name = cst.Module([]).code_for_node(node.module)
+            for alias in node.names:
+                bound = alias.asname.name.value if alias.asname else alias.name.value
+                if bound in names:
+                    RemoveImportsVisitor.remove_unused_import(
+                        context, module_name, alias.name.value, alias.asname.name.value if alias.asname else None)
+
+    original.visit(_Imports())
+    return RemoveImportsVisitor(context).transform_module(module)
 
 
 def apply(analysis: Analysis) -> Fixed:
     """The rewritten source; idempotent because no rewrite produces a construct a rule matches."""
-    fixes = {id(f.node): f for f in analysis.findings if f.fix is not None}
+    findings = _guarded(analysis.findings, analysis.module)
+    fixes = {id(f.node): f for f in findings if f.fix is not None}
     applied = tuple(fixes.values())
-    left = tuple(f for f in analysis.findings if f.fix is None)
+    left = tuple(f for f in findings if f.fix is None)
     if not fixes:
         return Fixed(analysis.module.code, (), left)
-    module = analysis.module.visit(_Replace(fixes)).visit(_DropRepeatedInit())
+    module = fold(analysis.module.visit(_Replace(fixes)))
+    module = _drop_dead_imports(analysis.module, module, _touched_names(applied))
     context = CodemodContext()
     AddImportsVisitor.add_needed_import(context, "npudist")
     if any(f.rule == "cuda-amp" for f in applied):

@@ -24,79 +24,125 @@ class Rule:
     """The vendor-neutral form."""
     fixable: bool
     """``npudist migrate fix`` rewrites it (in the contexts scan.py marks as mechanical)."""
+    example: str = ""
+    """The replacement as code that runs; tests/migrate/advice_probe.py executes it on CPU and on the simulated
+    NPU (names there: torch, dist, os, npudist, ctx = npudist.init(), model, x)."""
 
 
 _RULES = (
     Rule("cuda-device-api", "error",
          "torch.cuda.* talks to the CUDA runtime only; on an NPU or MLU it reports no device or raises",
          "npudist.accelerator().set_device/device_count/synchronize/device() (the detected vendor's module)",
-         True),
+         True, "acc = npudist.accelerator()\nn = acc.device_count()\nacc.synchronize()\n"
+               "on_accelerator = acc.device_type != 'cpu'\nassert acc.device() == ctx.device"),
     Rule("cuda-memory-api", "warning",
-         "torch.cuda memory statistics read CUDA's allocator: 0 or an error on other devices",
-         "npudist.accelerator().memory_stats() or torch.accelerator.memory_allocated() (torch >= 2.9)", False),
-    Rule("cuda-streams", "warning",
-         "torch.cuda streams and events exist only on CUDA",
-         "torch.Stream / torch.Event with the device type, or torch.accelerator.current_stream()", False),
-    Rule("cuda-amp", "error",
-         "torch.cuda.amp autocasts and scales for CUDA only (deprecated since torch 2.4)",
+         "torch.cuda memory statistics read CUDA's allocator: 0 (silently) on other devices",
+         "npudist.accelerator().memory_stats() ({} on CPU; allocated/reserved bytes on the device)", False,
+         "stats = npudist.accelerator().memory_stats()\nassert set(stats) <= {'allocated_bytes', 'reserved_bytes'}"),
+    Rule("cuda-streams", "error",
+         "torch.cuda streams and events exist only on CUDA: constructing one raises",
+         "time with time.perf_counter() around npudist.accelerator().synchronize(); "
+         "npudist.accelerator().synchronize() to wait for the device", False,
+         "import time\nt0 = time.perf_counter()\ny = x * 2\nnpudist.accelerator().synchronize()\n"
+         "assert time.perf_counter() - t0 >= 0"),
+    Rule("cuda-amp", "warning",
+         "torch.cuda.amp autocasts and scales for CUDA only: off CUDA it disables itself with a warning and "
+         "trains in float32 (deprecated since torch 2.4)",
          "torch.autocast(device_type, ...) and torch.amp.GradScaler(device_type, ...) with "
-         "npudist.accelerator().device_type", True),
+         "npudist.accelerator().device_type", True,
+         "dt = npudist.accelerator().device_type\nscaler = torch.amp.GradScaler(dt, enabled=False)\n"
+         "with torch.autocast(dt, enabled=False):\n    loss = model(x).sum()\n"
+         "scaler.scale(loss).backward()"),
     Rule("cuda-api", "error",
-         "a torch.cuda call has no meaning on another device type",
-         "the torch.accelerator equivalent, or npudist.accelerator()", False),
+         "a torch.cuda call with no meaning on another device type: it raises there",
+         "npudist.accelerator() (device(), device_count(), synchronize(), memory_stats()), or drop the call",
+         False, "print(npudist.accelerator().device(), npudist.accelerator().device_count())"),
+    Rule("cuda-no-op", "warning",
+         "a torch.cuda call that answers without CUDA but wrongly: seeds nothing, reports no bf16",
+         "torch.manual_seed(n) (seeds every device); a bf16 check by trying the dtype on ctx.device", False,
+         "torch.manual_seed(0)\nok = torch.ones(1, dtype=torch.bfloat16, device=ctx.device).sum().item() == 1"),
     Rule("cuda-method", "error",
          ".cuda() moves to a CUDA device; on an NPU host it raises 'Torch not compiled with CUDA enabled'",
-         ".to(npudist.accelerator().device()) (ctx.device after npudist.init())", True),
+         ".to(npudist.accelerator().device()) (ctx.device after npudist.init())", True,
+         "m = model.to(ctx.device)\ny = x.to(ctx.device, non_blocking=True)"),
     Rule("cuda-device-string", "error",
          "a 'cuda' / 'cuda:N' device names the CUDA device type only",
-         "npudist.accelerator().device(N), or ctx.device from npudist.init()", True),
+         "npudist.accelerator().device(N), or ctx.device from npudist.init()", True,
+         "t = torch.zeros(2, device=ctx.device)\nd = torch.device(npudist.accelerator().device_type)"),
     Rule("int-device-index", "error",
          ".to(<int>) means .to('cuda:<int>'): a bare index always selects a CUDA device",
-         ".to(npudist.accelerator().device(index))", True),
+         ".to(ctx.device) (the rank's device)", True, "t = torch.ones(1).to(ctx.device)"),
     Rule("cuda-backend-flags", "warning",
          "torch.backends.cudnn / torch.backends.cuda settings do nothing off NVIDIA (silently)",
          "torch.use_deterministic_algorithms(True) for determinism; "
-         "torch.set_float32_matmul_precision('high') for TF32-like speed", False),
+         "torch.set_float32_matmul_precision('high') for TF32-like speed", False,
+         "torch.set_float32_matmul_precision('high')"),
     Rule("init-process-group", "error",
          "init_process_group('nccl') fails where NCCL is absent ('Device backend nccl is not available'), "
          "and without set_device first HCCL binds every rank's communicator to device 0",
-         "ctx = npudist.init(): sets the device, then starts hccl/nccl/cncl/gloo as the host needs", True),
+         "ctx = npudist.init(): sets the device, then starts hccl/nccl/cncl/gloo as the host needs", True,
+         "assert npudist.init() is ctx and dist.is_initialized()"),
     Rule("process-group-setup", "info",
          "a hand-made process group works only if the device was set first and the backend suits it",
-         "ctx = npudist.init(): the same for every vendor, with npudist's errors and hang diagnosis", True),
+         "ctx = npudist.init(): the same for every vendor, with npudist's errors and hang diagnosis", True,
+         "assert ctx.backend == dist.get_backend()"),
     Rule("nccl-string", "warning",
          "a backend compared with or set to 'nccl' takes the wrong branch on HCCL, CNCL or gloo "
          "(transfer_to_npu's documented limitation)",
-         "ctx.backend from npudist.init(), or test ctx.device.type", False),
+         "ctx.backend from npudist.init(), or test ctx.device.type", False,
+         "on_accelerator = ctx.device.type != 'cpu'\nprint(ctx.backend)"),
     Rule("ddp-wrap", "warning",
          "DistributedDataParallel(device_ids=[local_rank]) is right on CUDA only and sends gradient "
          "buckets unadapted (bf16 is refused by strict HCCL)",
-         "npudist.ddp(model): the right device_ids per vendor, buckets through npudist.comm", True),
+         "npudist.ddp(model): the right device_ids per vendor, buckets through npudist.comm", True,
+         "m = npudist.ddp(torch.nn.Linear(4, 2).to(ctx.device))\nm(x).sum().backward()"),
     Rule("visible-devices", "warning",
          "CUDA_VISIBLE_DEVICES does not restrict Ascend or Cambricon devices",
          "ASCEND_RT_VISIBLE_DEVICES (NPU), MLU_VISIBLE_DEVICES (MLU); npudist.accelerator().vendor."
-         "visible_devices_var names the active one", False),
+         "visible_devices_var names the active one", False,
+         "var = npudist.accelerator().vendor.visible_devices_var\nprint(var, os.environ.get(var or '', ''))"),
     Rule("local-rank-env", "info",
          "LOCAL_RANK read by hand to pick a device skips the vendor's visible-devices mapping",
-         "ctx.local_rank and ctx.device from npudist.init()", False),
+         "ctx.local_rank and ctx.device from npudist.init()", False,
+         "assert ctx.device == npudist.accelerator().device() and ctx.local_rank >= 0"),
     Rule("pin-memory", "info",
-         "pinned host memory is page-locked for CUDA by default; on RK3588 and CPU it only costs memory",
-         "pin_memory=(npudist.accelerator().device_type != 'cpu')", False),
+         "DataLoader(pin_memory=True) page-locks for the accelerator; with none (CPU, RK3588) it warns and "
+         "only costs memory",
+         "pin_memory=(npudist.accelerator().device_type != 'cpu')", False,
+         "dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=2,\n"
+         "    pin_memory=(npudist.accelerator().device_type != 'cpu'))\nbatches = list(dl)"),
+    Rule("pin-memory-call", "error",
+         "tensor.pin_memory() raises where no accelerator is present (CPU hosts, RK3588 boards)",
+         "x.pin_memory() if npudist.accelerator().device_type != 'cpu' else x", False,
+         "p = x.pin_memory() if npudist.accelerator().device_type != 'cpu' else x"),
     Rule("jit-script", "warning",
          "torch.jit.script is disabled by torch_npu's transfer_to_npu and unsupported on Ascend",
-         "eager mode, or torch.compile with the vendor's backend", False),
+         "eager mode, or torch.compile with the vendor's backend", False, "y = model(x)"),
     Rule("channels-last", "warning",
          "channels_last memory format is not supported on Ascend (transfer_to_npu documentation)",
-         "the default contiguous format", False),
+         "the default contiguous format", False,
+         "m = model.to(memory_format=torch.contiguous_format)"),
     Rule("nccl-env", "warning",
          "NCCL_* variables are ignored by HCCL and CNCL",
-         "the counterpart listed in the finding (set both for a portable job)", False),
+         "the counterpart listed in the finding (set both for a portable job)", False,
+         "os.environ.setdefault('HCCL_CONNECT_TIMEOUT', '120')\nos.environ.setdefault('NCCL_CONNECT_TIMEOUT', '120')"),
+    Rule("cuda-env", "warning",
+         "a CUDA runtime variable is ignored by the other vendors' runtimes (silently)",
+         "the counterpart listed in the finding (PYTORCH_NPU_ALLOC_CONF, ASCEND_LAUNCH_BLOCKING)", False,
+         "os.environ.setdefault('PYTORCH_NPU_ALLOC_CONF', 'expandable_segments:True')"),
+    Rule("vendor-locked", "error",
+         "torch_npu-only code (.npu(), torch.npu.*, torch_npu.*): raises wherever torch_npu is absent "
+         "(CPU CI, GPUs, MLUs, RK3588 boards)",
+         "ctx.device / npudist.accelerator() (the same calls for every vendor)", False,
+         "y = x.to(ctx.device)\nnpudist.accelerator().synchronize()"),
     Rule("direct-collective", "info",
          "torch.distributed collectives pass dtypes and layouts to the backend unadapted",
-         "npudist.all_reduce / all_gather / broadcast / reduce_scatter adapt to the constraint row", False),
+         "npudist.all_reduce / all_gather / broadcast / reduce_scatter adapt to the constraint row", False,
+         "t = torch.ones(2, device=ctx.device)\nnpudist.all_reduce(t)"),
     Rule("bf16-collective", "error",
          "the active constraint row does not reduce bfloat16 natively: the collective raises",
-         "npudist.all_reduce (casts to a wider dtype and back, counted) or npudist.ddp", False),
+         "npudist.all_reduce (casts to a wider dtype and back, counted) or npudist.ddp", False,
+         "t = torch.ones(2, dtype=torch.bfloat16, device=ctx.device)\nnpudist.all_reduce(t)"),
 )
 
 RULES: Mapping[str, Rule] = MappingProxyType({r.id: r for r in _RULES})
@@ -121,10 +167,22 @@ NCCL_ENV: Mapping[str, str] = MappingProxyType({
     "NCCL_CONNECT_TIMEOUT": "HCCL_CONNECT_TIMEOUT (seconds, default 120)",
 })
 
+# torch.cuda calls by what they do on a torch without CUDA (tests/migrate/test_severity.py calls each):
+# CUDA runtime variable -> its Ascend counterpart (CANN "Environment Variables" reference; torch_npu's
+# PYTORCH_NPU_ALLOC_CONF documentation).
+CUDA_ENV: Mapping[str, str] = MappingProxyType({
+    "PYTORCH_CUDA_ALLOC_CONF": "PYTORCH_NPU_ALLOC_CONF (same syntax for expandable_segments, max_split_size_mb)",
+    "CUDA_LAUNCH_BLOCKING": "ASCEND_LAUNCH_BLOCKING",
+    "CUDA_DEVICE_ORDER": "none: Ascend numbers devices by PCIe order",
+})
+
 CUDA_MEMORY_CALLS = frozenset({
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache",
-    "reset_peak_memory_stats", "memory_stats", "memory_summary", "mem_get_info", "reset_max_memory_allocated",
+    "memory_stats",
 })
+"""Answer 0 / {} / nothing: a memory report that is silently wrong (the raising ones are cuda-api)."""
+CUDA_NO_OP_CALLS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "is_bf16_supported"})
+"""Answer without CUDA, wrongly: the device generator is not seeded, bf16 reported missing."""
 CUDA_STREAM_CALLS = frozenset({"Stream", "Event", "current_stream", "stream", "default_stream", "set_stream"})
 CUDA_DEVICE_CALLS = frozenset({"set_device", "device_count", "synchronize", "is_available", "current_device"})
 COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",

@@ -30,6 +30,11 @@ WATCHDOG_OFF_VAR = "NPUDIST_WATCHDOG_OFF"
 HANG_TIMEOUT_VAR = "NPUDIST_HANG_TIMEOUT"
 HANG_ACTION_VAR = "NPUDIST_HANG_ACTION"
 HANG_ACTIONS = ("abort", "report", "off")
+STUCK_TIMEOUT_VAR = "NPUDIST_STUCK_TIMEOUT"
+BUSY_TIMEOUT_VAR = "NPUDIST_BUSY_TIMEOUT"
+DEFAULT_STUCK_TIMEOUT_S = 300.0
+"""Five minutes: longer than any one step's data loading or file write we have seen, far below torch's
+collective timeouts (10 min NCCL, 30 min gloo and HCCL_EXEC_TIMEOUT) that would end a stuck job anyway."""
 PORT_VAR = "NPUDIST_METRICS_PORT"
 HOST_VAR = "NPUDIST_METRICS_HOST"
 CPU_NPROC_VAR = "NPUDIST_CPU_NPROC"
@@ -73,6 +78,13 @@ class Settings:
     hang_action: str = "abort"
     """NPUDIST_HANG_ACTION: after a hang verdict, abort (the live ranks exit so a launcher restarts the job
     at once), report (verdict only; the collective timeout still ends the job) or off (no reader)."""
+    stuck_timeout_s: float = DEFAULT_STUCK_TIMEOUT_S
+    """NPUDIST_STUCK_TIMEOUT: seconds without progress after which a rank that is alive but does nothing (same
+    stack, no CPU time: a deadlocked loader, a hung file system call) is aborted (comm/rank_states.py)."""
+    busy_timeout_s: float | None = None
+    """NPUDIST_BUSY_TIMEOUT: seconds without progress after which a rank that is busy outside collectives (or
+    declared busy with npudist.busy()) is aborted; None: never by npudist (the collective timeout still ends
+    the job, as torch's own default does)."""
     metrics_port: int | None = None
     """NPUDIST_METRICS_PORT: rank i serves its metrics on this port + i (0: any free port; None: not served)."""
     metrics_host: str | None = None
@@ -109,6 +121,8 @@ class Settings:
             timeout_s=_seconds(text(TIMEOUT_VAR)),
             hang_timeout_s=_seconds(text(HANG_TIMEOUT_VAR), HANG_TIMEOUT_VAR),
             hang_action=_choice(HANG_ACTION_VAR, text(HANG_ACTION_VAR), HANG_ACTIONS),
+            stuck_timeout_s=_seconds(text(STUCK_TIMEOUT_VAR), STUCK_TIMEOUT_VAR) or DEFAULT_STUCK_TIMEOUT_S,
+            busy_timeout_s=_seconds(text(BUSY_TIMEOUT_VAR), BUSY_TIMEOUT_VAR),
             comm_profile=text(PROFILE_VAR),
             comm_debug=(text(DEBUG_VAR) or "").lower() in _TRUE,
             sync_timing=(text(SYNC_VAR) or "").lower() in _TRUE,
@@ -132,6 +146,8 @@ _INTEGER = re.compile(r"[0-9]{1,9}")
 _RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
     HANG_TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
+    STUCK_TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
+    BUSY_TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
     PORT_VAR: (0, 65535, "the base port (0: any free port)"),
     CPU_NPROC_VAR: (1, 1024, "ranks per node"),
 })

@@ -205,3 +205,14 @@ class SimDeviceModule:
 
     def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
         torch.set_rng_state(state)
+
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        # What torch.autocast(device_type) asks a PrivateUse1 module for (torch/amp/autocast_mode.py);
+        # torch_npu answers fp16 and bf16 (torch_npu/npu/amp/autocast_mode.py).
+        return [torch.float16, torch.bfloat16]
+
+    @contextlib.contextmanager
+    def device(self, device: Any) -> Iterator[None]:
+        # torch.load(map_location="npu:0") moves storages inside this guard (torch/_utils.py::_to).
+        _check(_index(device))
+        yield

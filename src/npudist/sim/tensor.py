@@ -52,6 +52,10 @@ class SimTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def __format__(self, format_spec: str) -> str:
+        # "{:6.2f}".format(acc) on a 0-d tensor: torch.Tensor.__format__ formats the value for exact Tensors only
+        return self.elem.__format__(format_spec)
+
     def __reduce_ex__(self, protocol):
         # Pickled (torch.save, a checkpoint) as the host tensor: the simulated device's memory is host
         # memory, and a file holding only plain tensors loads anywhere with weights_only=True.

@@ -1,0 +1,164 @@
+"""What a rank that the others wait for is doing, and what npudist may do about it (pure; one table).
+
+A hang verdict names the ranks that hold the job back (hang.py). Before anything is aborted, each of them
+is put in one of the states below from what the probe saw: no answer at all, or two looks at the rank's
+main thread ``SAMPLE_GAP_S`` apart (its CPU time and its Python stack), taken by the rank's own watchdog
+thread. Only what is certainly dead or certainly stuck is aborted soon; a rank that is running (an
+evaluation on rank 0, a synchronous checkpoint, a compile at start) is reported and left alone, as torch's
+own default leaves it until the collective timeout.
+
+STATES is the README's table of rank states; the reader (hang_reader.py) applies its bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+
+SAMPLE_GAP_S = 0.5
+"""Wall seconds between the two looks a probed rank takes at its main thread."""
+BUSY_CPU_RATIO = 0.1
+"""Main-thread CPU time over wall time, between the two looks, from which a rank is running: a Python loop
+gets most of a core even on a loaded host, a thread asleep or blocked in a system call gets ~0."""
+
+GONE, STOPPED, OUT_OF_ORDER, STUCK, BUSY, DECLARED = "gone", "stopped", "out_of_order", "stuck", "busy", "declared"
+UNPROBED = "unprobed"
+
+
+@dataclass(frozen=True)
+class State:
+    name: str
+    seen: str
+    """How npudist tells this state."""
+    action: str
+    """What the hang reader does (with NPUDIST_HANG_ACTION=abort, the default)."""
+    bound: str
+    """After how long, counted from the job's last progress."""
+    abort: str
+    """now, stuck (NPUDIST_STUCK_TIMEOUT) or busy (NPUDIST_BUSY_TIMEOUT, unset by default: never)."""
+
+
+STATES = MappingProxyType({s.name: s for s in (
+    State(GONE, "its watchdog shut down (npudist.shutdown() ran), or its process no longer exists",
+          "named; the job is aborted", "the verdict: the stall bound (>= 10 s) plus the probe (~3 s)", "now"),
+    State(STOPPED, "its watchdog thread does not answer the probe (SIGSTOP, a dead host, a process frozen in "
+          "the kernel)", "named, no stack; the job is aborted", "the verdict (~15 s)", "now"),
+    State(OUT_OF_ORDER, "it is inside another collective than the one the others wait in (a skipped call, "
+          "another op or size), or waits inside one the others have left", "named; the job is aborted",
+          "the verdict (~15 s)", "now"),
+    State(STUCK, "it answers, but between two looks its main thread used no CPU time and its stack did not "
+          "change, outside the others' collective (a deadlocked data loader, a hung file system call) - or "
+          "every rank answers from inside the same collective",
+          "named with its stack at the verdict; aborted if still no progress",
+          "NPUDIST_STUCK_TIMEOUT, 300 s without progress", "stuck"),
+    State(BUSY, "it answers, and its main thread used CPU time or its stack changed between the two looks "
+          "(rank 0 evaluating, a synchronous checkpoint, a compile)",
+          "reported once (where, how long); looked at again every 10 s; never aborted by npudist",
+          "never (the collective timeout, 600 s by default, still ends the job); NPUDIST_BUSY_TIMEOUT if set",
+          "busy"),
+    State(DECLARED, "it runs inside `with npudist.busy(\"what\"):` (an inference front waiting for requests, "
+          "a checkpoint load)", "reported once as expected; never aborted by npudist",
+          "as busy", "busy"),
+)})
+
+
+@dataclass(frozen=True)
+class Look:
+    """A live rank's answer to the probe: its main thread looked at twice, ``span_s`` apart."""
+
+    stack: str
+    cpu_s: float = 0.0
+    """Main-thread CPU seconds used between the two looks."""
+    span_s: float = 0.0
+    moved: bool = False
+    """The two stacks differ."""
+    busy: str = ""
+    """The label of the npudist.busy() block it is in ("" when none)."""
+    busy_s: float = 0.0
+    """Seconds inside that block."""
+
+    def to_json(self) -> str:
+        return json.dumps({"stack": self.stack, "cpu_s": self.cpu_s, "span_s": self.span_s, "moved": self.moved,
+                           "busy": self.busy, "busy_s": self.busy_s})
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.cpu_s / self.span_s if self.span_s > 0 else 0.0
+
+
+def parse_look(raw: bytes | str) -> Look:
+    """A probe answer; anything that is not one of ours is kept as a bare stack (never raises)."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return Look(stack=text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("stack"), str):
+        return Look(stack=text)
+
+    def num(key: str) -> float:
+        v = doc.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+
+    busy = doc.get("busy")
+    return Look(stack=doc["stack"], cpu_s=max(0.0, num("cpu_s")), span_s=max(0.0, num("span_s")),
+                moved=doc.get("moved") is True, busy=busy[:200] if isinstance(busy, str) else "",
+                busy_s=max(0.0, num("busy_s")))
+
+
+def classify(*, out_of_order: bool, closed: bool, probed: bool, look: Look | None,
+             process: str | None = None, inside_passed: bool = False) -> str:
+    """The state of one rank the others wait for (see STATES).
+
+    ``process``: what the local process table says of it when it runs on this host ("gone", "stopped" or
+    None when unknown or elsewhere). ``inside_passed``: its record says it is inside a collective that the
+    others have left; waiting there (not running) it can never return, since they will not come back.
+    An asynchronous call stays "inside" until its wait, so a rank that runs there is busy, not out of order.
+    """
+    if out_of_order:
+        return OUT_OF_ORDER
+    if closed or process == "gone":
+        return GONE
+    if not probed:
+        return UNPROBED
+    if look is None:
+        return STOPPED
+    if look.busy:
+        return DECLARED
+    if look.moved or look.cpu_ratio >= BUSY_CPU_RATIO:
+        return BUSY
+    return OUT_OF_ORDER if inside_passed else STUCK
+
+
+def describe(state: str, look: Look | None, process: str | None = None) -> str:
+    """The state's words in a verdict line; the phrases before the colon are stable (tests, log searches)."""
+    if state == STOPPED:
+        where = " (process state: stopped)" if process == "stopped" else ""
+        return ("did not answer: stopped or dead, no stack (its record lags its last call by up to a second)"
+                + where)
+    if state == GONE:
+        return "gone: its process exited or shut npudist down" if process == "gone" else "no watchdog left to answer"
+    if state == UNPROBED or look is None:
+        return "not probed"
+    if state == DECLARED:
+        return f"answered: declared busy in {look.busy!r} for {look.busy_s:.0f} s"
+    if state == BUSY:
+        how = f"main thread at {100 * min(look.cpu_ratio, 1.0):.0f} % CPU" + (", stack moving" if look.moved else "")
+        return f"answered: live and busy ({how})"
+    if state == STUCK:
+        return f"answered: live but stuck (same stack, no CPU time over {look.span_s:.1f} s)"
+    if state == OUT_OF_ORDER:
+        return "answered: live, but out of order (it waits in a collective the others are not in)"
+    return state
+
+
+def abort_after(states: list[str], *, stuck_s: float, busy_s: float | None) -> float | None:
+    """Seconds of stall after which the job is aborted given its culprits' states (0: now; None: never)."""
+    kinds = {STATES[s].abort for s in states if s in STATES}
+    if "now" in kinds:
+        return 0.0
+    if "stuck" in kinds:
+        return stuck_s
+    return busy_s if "busy" in kinds else None

@@ -1,0 +1,265 @@
+"""Busy is not hung: the states of the ranks a job waits for, and what the reader does with each.
+
+Pure classification first, then the reader on a real TCPStore where the probed ranks' answers (their two
+looks at the main thread) are chosen by the test: running, asleep, declared busy, or silent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from npudist.comm import hang, hang_reader, rank_states, watchdog
+from npudist.comm.hang_reader import HangReader
+from npudist.comm.rank_states import Look, classify
+from npudist.comm.watchdog import Record, Watchdog
+from tests.comm.test_hang import CountingStore
+
+RUNNING = Look(stack='  File "eval.py", line 9, in evaluate\n', cpu_s=0.45, span_s=0.5, moved=True)
+ASLEEP = Look(stack='  File "train.py", line 3, in step\n    time.sleep(1000)\n', cpu_s=0.0, span_s=0.5)
+
+
+@pytest.mark.parametrize(("kw", "state"), [
+    ({"out_of_order": True, "look": RUNNING}, "out_of_order"),  # inside another call: never completes
+    ({"closed": True, "look": None}, "gone"),
+    ({"look": None, "process": "gone"}, "gone"),
+    ({"look": None}, "stopped"),
+    ({"look": None, "process": "stopped"}, "stopped"),
+    ({"look": ASLEEP}, "stuck"),
+    ({"look": RUNNING}, "busy"),
+    ({"look": Look(stack="s", cpu_s=0.0, span_s=0.5, moved=True)}, "busy"),  # a stack that moves runs
+    ({"look": Look(stack="s", cpu_s=0.2, span_s=0.5)}, "busy"),  # CPU time without a stack change
+    ({"look": Look(stack="s", cpu_s=0.01, span_s=0.5)}, "stuck"),  # 2 % of a core: a wait, not work
+    ({"look": Look(stack="s", busy="serving requests", busy_s=130.0)}, "declared"),
+    ({"look": ASLEEP, "inside_passed": True}, "out_of_order"),  # waits in a call the others have left
+    ({"look": RUNNING, "inside_passed": True}, "busy"),  # an async call in flight while it computes
+])
+def test_a_rank_is_put_in_the_state_its_answer_shows(kw, state):
+    kw = {"out_of_order": False, "closed": False, "probed": True, **kw}
+    assert classify(**kw) == state
+
+
+def test_only_dead_or_stuck_ranks_are_ever_aborted_and_busy_ones_only_when_asked():
+    after = rank_states.abort_after
+    assert after(["stopped", "busy"], stuck_s=300, busy_s=None) == 0
+    assert after(["stuck", "busy"], stuck_s=300, busy_s=None) == 300
+    assert after(["busy", "declared"], stuck_s=300, busy_s=None) is None
+    assert after(["busy"], stuck_s=300, busy_s=900) == 900
+    assert set(rank_states.STATES) == {"gone", "stopped", "out_of_order", "stuck", "busy", "declared"}
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"stack": 3}', b'{"stack": "s", "cpu_s": "x"}',
+                                 b'{"stack": "s", "cpu_s": NaN, "span_s": -1, "busy": 7}'])
+def test_an_answer_that_is_not_ours_is_kept_as_a_bare_stack_and_never_counts_as_running(raw):
+    look = rank_states.parse_look(raw)
+    assert look.cpu_s == 0.0 and not look.moved and look.busy == ""
+    assert classify(out_of_order=False, closed=False, probed=True, look=look) == "stuck"
+
+
+def test_the_main_thread_is_looked_at_running_or_asleep():
+    """Two looks at this process's real main thread while it spins, then while it sleeps."""
+    box: dict[str, Look] = {}
+    stop = threading.Event()
+
+    def look_later(name: str) -> None:
+        time.sleep(0.1)
+        box[name] = watchdog.look_at_main(None, time.sleep)
+        stop.set()
+
+    t = threading.Thread(target=look_later, args=("spin",))
+    t.start()
+    x = 0
+    while not stop.is_set():
+        x += 1
+    t.join()
+    stop.clear()
+    t = threading.Thread(target=look_later, args=("sleep",))
+    t.start()
+    stop.wait(10)
+    t.join()
+    # Spinning, it runs (on a loaded host it may get a fifth of a core; the rule needs a tenth).
+    assert classify(out_of_order=False, closed=False, probed=True, look=box["spin"]) == "busy", box["spin"]
+    assert box["sleep"].cpu_ratio < 0.05 and not box["sleep"].moved
+    assert "stop.wait(10)" in box["sleep"].stack
+
+
+# --- the reader, on a real store -------------------------------------------------------------------------
+
+@pytest.fixture
+def store():
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+
+
+def _job(store, monkeypatch, looks: dict[int, Look | None], world: int = 3, **kw):
+    """Rank 1 stays behind in collective 1 while the others wait in collective 2; its answer is looks[1]
+    (None: it does not answer)."""
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(hang_reader, "REPROBE_S", 10.0)
+    client = CountingStore(store.clone())
+    ranks = []
+    for r in range(world):
+        wd = Watchdog(hang_action="abort", **kw)
+        wd.record = Record(rank=r)
+        wd._store = client
+        ranks.append(wd)
+    aborted: list[str] = []
+    for wd in ranks:
+        wd._abort = lambda message, verdict=None, box=aborted: box.append(message)
+
+    def answer(_s):
+        for wd in ranks[1:]:
+            if looks.get(wd.record.rank, "x") is not None:
+                monkeypatch.setattr(watchdog, "look_at_main",
+                                    lambda busy, wait, r=wd.record.rank: looks.get(r) or ASLEEP)
+                wd._poll()
+
+    clock = [time.time()]
+    reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=answer)
+    for _ in range(3):
+        for wd in ranks:
+            wd.done(wd.enter("all_reduce", 8))
+            wd.step_started()
+            wd._publish()
+        clock[0] += 1.0
+        assert reader.tick() is None
+    for wd in ranks:
+        if wd.record.rank != 1:
+            wd.enter("all_reduce", 8)
+            wd._publish()
+    return ranks, reader, clock, aborted
+
+
+def _run(reader, clock, seconds: int) -> list[dict]:
+    seen = []
+    for _ in range(seconds):
+        clock[0] += 1.0
+        v = reader.tick()
+        if v is not None and (not seen or seen[-1] is not v):
+            seen.append(v)
+    return seen
+
+
+def test_a_busy_rank_is_reported_once_and_never_aborted(store, monkeypatch, tmp_path, capfd):
+    _, reader, clock, aborted = _job(store, monkeypatch, {1: RUNNING}, run_dir=str(tmp_path))
+    verdicts = _run(reader, clock, 120)
+    assert len(verdicts) == 1 and aborted == []
+    v = verdicts[0]
+    assert v["states"] == {"1": "busy"} and v["abort_after_seconds"] is None
+    assert v["line"].startswith("npudist busy:") and "live and busy (main thread at 90 % CPU, stack moving)" in \
+        v["line"] and 'File "eval.py", line 9' in v["line"] and "npudist.busy(" in v["line"]
+    assert not list(tmp_path.glob("hang-*.json"))  # a busy rank is not a hang
+    assert capfd.readouterr().err.count("npudist busy:") == 1
+    assert not store.check([watchdog.verdict_key()])  # the standby may still stand in if rank 0 stops later
+
+
+def test_a_busy_rank_that_then_stops_answering_is_aborted_at_the_next_look(store, monkeypatch, tmp_path):
+    looks: dict[int, Look | None] = {1: RUNNING}
+    _, reader, clock, aborted = _job(store, monkeypatch, looks, run_dir=str(tmp_path))
+    assert len(_run(reader, clock, 30)) == 1 and aborted == []
+    looks[1] = None  # SIGSTOP
+    seen = _run(reader, clock, int(hang_reader.REPROBE_S) + 2)
+    assert seen and seen[-1]["states"] == {"1": "stopped"} and aborted  # (the fake abort does not exit)
+    assert "did not answer: stopped or dead" in seen[-1]["line"]
+    assert json.loads(store.get(watchdog.verdict_key()))["states"] == {"1": "stopped"}
+
+
+def test_a_stuck_rank_is_named_at_once_and_aborted_only_at_the_stuck_bound(store, monkeypatch, tmp_path):
+    _, reader, clock, aborted = _job(store, monkeypatch, {1: ASLEEP}, run_dir=str(tmp_path), stuck_timeout_s=60)
+    first = _run(reader, clock, 20)
+    assert len(first) == 1 and first[0]["states"] == {"1": "stuck"} and aborted == []
+    assert first[0]["stalled_seconds"] <= 15 and "answered: live but stuck" in first[0]["line"]
+    assert 'File "train.py", line 3, in step' in first[0]["line"] and "time.sleep(1000)" in \
+        first[0]["culprit_ranks"]["1"]["stack"]
+    assert "no progress for 60 s in all (NPUDIST_STUCK_TIMEOUT)" in first[0]["line"]
+    assert json.loads((tmp_path / "hang-attempt0.json").read_text())["states"] == {"1": "stuck"}
+    _run(reader, clock, 30)
+    assert aborted == []  # stalled ~50 s < 60 s
+    _run(reader, clock, 15)
+    assert aborted
+
+
+def test_a_declared_phase_is_expected_and_progress_ends_the_episode(store, monkeypatch, tmp_path):
+    front = Look(stack="  File \"front.py\", line 5, in serve\n", busy="waiting for requests", busy_s=40.0)
+    ranks, reader, clock, aborted = _job(store, monkeypatch, {1: front}, run_dir=str(tmp_path))
+    v = _run(reader, clock, 40)
+    assert len(v) == 1 and v[0]["states"] == {"1": "declared"} and aborted == []
+    assert "declared busy in 'waiting for requests' for 40 s" in v[0]["line"] and "npudist.busy(" not in v[0]["line"]
+    for wd in ranks:  # rank 1 catches up: the job moves on and the episode is over
+        if wd.record.rank == 1:
+            wd.done(wd.enter("all_reduce", 8))
+            wd.enter("all_reduce", 8)
+        else:
+            wd.done(wd.record.seq)
+        wd._publish()
+    clock[0] += 1.0
+    assert reader.tick() is None and reader.verdict is None
+
+
+def test_the_abort_names_the_culprit_for_torchrun_and_says_what_happens_next(tmp_path, monkeypatch):
+    """The error file is read back by torch's own ProcessFailure, as torchrun's Root Cause block reads it."""
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    note = watchdog.restart_note()
+    assert "nothing restarts it (--max-restarts 0)" in note and "resumes from the last checkpoint" in note
+    verdict = {"line": "npudist hang: ... rank(s) 1 never reached it: rank 1 (node7 pid 42) ...", "time": 1000.0}
+    watchdog.write_error_file("rank 0: aborting; " + verdict["line"], verdict)
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=124, error_file=str(path))
+    assert failure.timestamp == 1000  # before the culprit's own exit is seen: torchrun picks it first
+    assert "rank 1 (node7 pid 42)" in failure.message["extraInfo"]["py_callstack"]
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert watchdog.restart_note() == "the launcher restarts the job (restart 2 of --max-restarts 3)"
+
+
+def test_the_error_file_is_not_written_through_a_planted_symlink(tmp_path, monkeypatch):
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    (tmp_path / "error.json").symlink_to(target)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    watchdog.write_error_file("x", None)
+    assert target.read_text() == "keep"
+
+
+def test_the_states_table_bounds_match_the_code():
+    assert rank_states.STATES["stuck"].abort == "stuck" and "300 s" in rank_states.STATES["stuck"].bound
+    from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S
+    assert DEFAULT_STUCK_TIMEOUT_S == 300.0 and hang.FLOOR_S == 10.0
+
+
+def test_the_manual_has_the_table_of_rank_states_as_the_code_applies_it():
+    """Every state's row, word for word, in the README or a docs/ page: the table cannot drift from STATES."""
+    from tests.conftest import REPO
+
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    for s in rank_states.STATES.values():
+        row = next((ln for ln in text.splitlines() if ln.startswith("|") and f"(`{s.name}`)" in ln), None)
+        assert row is not None, s.name
+        assert s.seen in row and s.action in row and s.bound in row, (s.name, row)
+    assert f"{hang_reader.REPROBE_S:.0f} s" in rank_states.STATES["busy"].action
+
+
+def test_hang_reports_are_not_written_through_symlinks_planted_in_the_run_dir(store, monkeypatch, tmp_path):
+    """hang-attempt*.json (the reader's verdict) and hang-rank*.json (a failed collective's report)."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("hang-attempt0.json", "hang-rank0.json"):
+        (run_dir / name).symlink_to(victim)
+    ranks, reader, clock, _aborted = _job(store, monkeypatch, {1: None}, run_dir=str(run_dir))
+    assert _run(reader, clock, 20)[0]["states"] == {"1": "stopped"}
+    err = ranks[0]._report("all_reduce", 4, 8, ranks[0].record, reader.read(), "timeout", None)
+    assert "rank 1 on " in str(err) and err.report["where"]["1"]["pid"] > 0
+    assert victim.read_text() == "keep"
+    for name in ("hang-attempt0.json", "hang-rank0.json"):
+        path = run_dir / name
+        assert not path.is_symlink() and json.loads(path.read_text())
+    assert sorted(p.name for p in run_dir.iterdir()) == ["hang-attempt0.json", "hang-rank0.json"]  # no leftovers
