@@ -7,19 +7,18 @@ the checkpoints while the slow card is still slow.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import statistics
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npudist.runtime.report_file import write_report
 from npudist.telemetry.job.skew import SkewReport
 
 log = logging.getLogger("npudist.telemetry")
@@ -139,22 +138,6 @@ def _physical(device: tuple[int, int] | None) -> dict[str, int | None]:
     return {"npu_id": npu_id, "chip_id": chip_id}
 
 
-def _write_new(path: Path, text: str) -> None:
-    """``path`` replaced atomically by ``text`` without following a link planted in the run directory: the
-    temporary is a fresh name opened O_EXCL (mkstemp, which never follows a link), and rename replaces a
-    link at ``path`` itself instead of writing through it (the checkpoint lock keeps the same rule)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 class StragglerDiagnosis:
     """Append to StepTimer.on_exchange on one rank: writes RUN_DIR/straggler-step<N>.json once per streak of
     ``windows`` consecutive windows in which the detector flags a rank (one document per flagged rank)."""
@@ -190,7 +173,7 @@ class StragglerDiagnosis:
         path = self.run_dir / f"straggler-step{step:08d}{suffix}.json"
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            _write_new(path, json.dumps(doc, indent=1))
+            write_report(path, json.dumps(doc, indent=1))
         except OSError as exc:
             log.warning("could not write the straggler diagnosis to %s: %s", path, exc)
             return None
