@@ -13,12 +13,14 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from npudist.accelerators import Accelerator
+from npudist.runtime import network
 from npudist.runtime.env import rank_info, torchrun_env
+from npudist.runtime.network import Interface
 from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     PORT_VAR,
@@ -193,8 +195,10 @@ read the previous one's keys either.
 """
 
 
-def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> LaunchPlan:
-    """Turn `npudist launch` arguments into what to run, without running anything."""
+def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
+         route: Callable[[str], Interface] | None = None) -> LaunchPlan:
+    """Turn `npudist launch` arguments into what to run, without running anything but reading the
+    kernel's route to the master (``route``, injectable) for a multi-node job."""
     if not argv:
         raise LaunchError("give the training script to run: npudist launch [options] SCRIPT [ARGS]")
     ns, head, tail = _split(argv)
@@ -238,7 +242,42 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
                               f"host's {os.cpu_count()} cores; export {OMP_VAR} to choose another value")
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
+    if not single_node and not ns.standalone:
+        _with_interface(the_plan, _master_host(ns, static), env, route or network.route_to)
     return _with_metrics(the_plan, ns, env)
+
+
+def _master_host(ns: argparse.Namespace, static: bool) -> str:
+    if static or not ns.rdzv_endpoint:
+        return str(ns.master_addr)
+    host = str(ns.rdzv_endpoint).strip()
+    if host.startswith("["):  # [v6]:port
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _with_interface(the_plan: LaunchPlan, master: str, env: Mapping[str, str],
+                    route: Callable[[str], Interface]) -> None:
+    """Point every backend at the interface that routes to the master, unless the user chose one: what gloo
+    picks by itself (the hostname's address) is loopback on many hosts, and peers on other nodes cannot
+    reach it."""
+    if all(env.get(var, "").strip() for var in network.IFNAME_VARS):
+        return
+    try:
+        iface = route(master)
+    except network.NetworkError as exc:
+        the_plan.notes.append(f"multi-node: no interface chosen ({exc}); set GLOO_SOCKET_IFNAME (and NCCL_/HCCL_"
+                              "SOCKET_IFNAME) to the interface on the master's network")
+        return
+    if iface.name == "lo":  # every node on this host (a test or a tutorial): loopback is right
+        return
+    chosen = network.socket_env(iface, env)
+    the_plan.env_updates.update(chosen)
+    kept = [v for v in network.IFNAME_VARS if v not in chosen]
+    the_plan.notes.append(
+        f"multi-node: {iface.name} ({iface.address}) routes to the master {master}; the ranks get "
+        + " ".join(f"{k}={v}" for k, v in chosen.items())
+        + (f" (kept your {', '.join(kept)})" if kept else "") + "; export them to choose another interface")
 
 
 def _simulation(value: str | None, env: Mapping[str, str]) -> dict[str, str]:
