@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,17 +128,47 @@ class Cluster:
         node.procs.append(proc)
         return proc
 
+    def launch(self, node: Node, script_argv: Sequence[str], *, nproc: int = 2, port: int = 29511,
+               launch_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+               log: str | os.PathLike | None = None) -> subprocess.Popen:
+        """``npudist launch --nnodes N --node-rank i --master-addr <node 0>`` on ``node``, as each node's
+        operator would type it (static rendezvous unless ``launch_args`` say otherwise)."""
+        argv = [sys.executable, "-m", "npudist", "launch", "--nnodes", str(len(self.nodes)), "--node-rank",
+                str(node.index), "--master-addr", self.nodes[0].address, "--master-port", str(port),
+                "--nproc-per-node", str(nproc), *launch_args, *script_argv]
+        return self.spawn(node, argv, env=env, log=log)
+
+    def node_of(self, rank: int, nproc: int) -> Node:
+        return self.nodes[rank // nproc]
+
+    def describe(self, ranks: Sequence[int], nproc: int) -> str:
+        """``node1 (10.213.0.2, ranks 2-3)`` for ranks that make up whole nodes, else the ranks with their nodes."""
+        parts = []
+        for node in self.nodes:
+            mine = sorted(r for r in ranks if r // nproc == node.index)
+            if not mine:
+                continue
+            whole = mine == list(range(node.index * nproc, (node.index + 1) * nproc))
+            span = f"ranks {mine[0]}-{mine[-1]}" if whole and len(mine) > 1 else f"rank(s) {', '.join(map(str, mine))}"
+            parts.append(f"{node.hostname} ({node.address}, {span})")
+        return "; ".join(parts)
+
     def run(self, node: Node, argv: Sequence[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         """Run a short command on ``node`` and return its output."""
         return subprocess.run(["ip", "netns", "exec", node.netns, *argv], capture_output=True, text=True,
                               timeout=timeout, check=False)
 
     # Faults -------------------------------------------------------------------------------------------
+    def pids(self, node: Node) -> list[int]:
+        """Every process in the node's network namespace, whatever session or group it moved to (torchrun's
+        workers start their own)."""
+        return [int(p) for p in _ip("netns", "pids", node.netns, check=False).stdout.split()]
+
     def kill_node(self, node: Node) -> None:
         """Every process of the node dies at once (power loss, kernel panic)."""
-        for proc in node.procs:
+        for pid in [p.pid for p in node.procs] + self.pids(node):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
     def partition(self, node: Node) -> None:
         """Pull the node's cable: its bridge port goes down, its processes keep running."""
@@ -170,8 +201,6 @@ class Cluster:
         for n in self.nodes:
             self.kill_node(n)
             for proc in n.procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGCONT)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=TIMEOUT_S)
             n.procs.clear()
