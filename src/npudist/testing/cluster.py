@@ -129,13 +129,20 @@ class Cluster:
         return proc
 
     def launch(self, node: Node, script_argv: Sequence[str], *, nproc: int = 2, port: int = 29511,
-               launch_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+               elastic: bool = False, launch_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                log: str | os.PathLike | None = None) -> subprocess.Popen:
-        """``npudist launch --nnodes N --node-rank i --master-addr <node 0>`` on ``node``, as each node's
-        operator would type it (static rendezvous unless ``launch_args`` say otherwise)."""
-        argv = [sys.executable, "-m", "npudist", "launch", "--nnodes", str(len(self.nodes)), "--node-rank",
-                str(node.index), "--master-addr", self.nodes[0].address, "--master-port", str(port),
-                "--nproc-per-node", str(nproc), *launch_args, *script_argv]
+        """``npudist launch`` on ``node`` as each node's operator would type it: static rendezvous at node 0
+        (``--nnodes N --node-rank i --master-addr``), or with ``elastic`` c10d rendezvous at node 0 with
+        ``--nnodes 1:N`` and 3 restarts, so the job may go on with the nodes that are left."""
+        if elastic:
+            where = ["--nnodes", f"1:{len(self.nodes)}", "--rdzv-backend", "c10d", "--rdzv-id", f"npd{self.tag}",
+                     "--rdzv-endpoint", f"{self.nodes[0].address}:{port}", "--max-restarts", "3",
+                     "--rdzv-conf", "last_call_timeout=2"]
+        else:
+            where = ["--nnodes", str(len(self.nodes)), "--node-rank", str(node.index), "--master-addr",
+                     self.nodes[0].address, "--master-port", str(port)]
+        argv = [sys.executable, "-m", "npudist", "launch", *where, "--nproc-per-node", str(nproc), *launch_args,
+                *script_argv]
         return self.spawn(node, argv, env=env, log=log)
 
     def node_of(self, rank: int, nproc: int) -> Node:
@@ -165,10 +172,13 @@ class Cluster:
         return [int(p) for p in _ip("netns", "pids", node.netns, check=False).stdout.split()]
 
     def kill_node(self, node: Node) -> None:
-        """Every process of the node dies at once (power loss, kernel panic)."""
-        for pid in [p.pid for p in node.procs] + self.pids(node):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        """Every process of the node dies at once (power loss, kernel panic): all are frozen first, so none
+        sees another die and writes a last word a dead host could not."""
+        pids = [p.pid for p in node.procs] + self.pids(node)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
 
     def partition(self, node: Node) -> None:
         """Pull the node's cable: its bridge port goes down, its processes keep running."""
