@@ -232,3 +232,18 @@ def test_no_route_to_the_master_is_said_once_and_nothing_is_guessed():
     p = plan(["--nnodes", "2", "--node-rank", "1", "--master-addr", "node9", "t.py"], CPU, {}, route=route)
     assert not any("IFNAME" in k for k in p.env_updates)
     assert any("no interface chosen (node9 does not resolve)" in n for n in p.notes)
+
+
+@pytest.mark.parametrize(("address", "is_host"), [("192.168.1.100", "true"), ("192.168.1.101", "false")])
+def test_c10d_is_told_who_hosts_the_store_when_the_hostname_does_not_resolve(monkeypatch, address, is_host):
+    # torchrun's c10d resolves this host's name to decide, and ends with gaierror where it does not resolve.
+    import npudist.launch as launch
+    from npudist.runtime.network import Interface
+
+    monkeypatch.setattr(launch, "_hostname_resolves", lambda: False)
+    route, _ = _route_recorder(Interface("eth0", address))
+    argv = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.168.1.100:29400",
+            "--rdzv-conf", "last_call_timeout=2", "t.py"]
+    out = plan(argv, CPU, {}, route=route).torchrun_argv
+    assert [a for a in out if "last_call_timeout" in a] == [f"last_call_timeout=2,is_host={is_host}"]
+    assert out.count("--rdzv-conf") == 1
