@@ -205,6 +205,7 @@ def test_multi_node_points_every_backend_at_the_interface_routing_to_the_master(
     assert seen == ["192.168.1.100"]
     assert {k: p.env_updates[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_IF_IP")} == {
         "GLOO_SOCKET_IFNAME": "bond0.100", "NCCL_SOCKET_IFNAME": "=bond0.100", "HCCL_IF_IP": "192.168.1.101"}
+    assert p.torchrun_argv[:2] == ["--local-addr", "192.168.1.101"]  # the address torchrun's agent publishes
     note = [n for n in p.notes if n.startswith("multi-node")]
     assert len(note) == 1 and "bond0.100 (192.168.1.101) routes to the master 192.168.1.100" in note[0]
 

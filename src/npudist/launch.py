@@ -244,7 +244,8 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
     if not single_node and not ns.standalone:
         _with_interface(the_plan, _master_host(ns, static), env, route or network.route_to,
-                        is_c10d=ns.rdzv_backend == "c10d" and not static, rdzv_conf=ns.rdzv_conf or None)
+                        is_c10d=ns.rdzv_backend == "c10d" and not static, rdzv_conf=ns.rdzv_conf or None,
+                        local_addr_given=ns.local_addr is not None)
     return _with_metrics(the_plan, ns, env)
 
 
@@ -280,13 +281,11 @@ def _drop_option(argv: list[str], names: Sequence[str], keep_first: bool) -> Non
 
 
 def _with_interface(the_plan: LaunchPlan, master: str, env: Mapping[str, str],
-                    route: Callable[[str], Interface], is_c10d: bool = False, rdzv_conf: str | None = None
-                    ) -> None:
+                    route: Callable[[str], Interface], is_c10d: bool = False, rdzv_conf: str | None = None,
+                    local_addr_given: bool = False) -> None:
     """Point every backend at the interface that routes to the master, unless the user chose one: what gloo
     picks by itself (the hostname's address) is loopback on many hosts, and peers on other nodes cannot
-    reach it."""
-    if all(env.get(var, "").strip() for var in network.IFNAME_VARS):
-        return
+    reach it. torchrun's own choices of address (--local-addr, c10d's store host) follow the same route."""
     try:
         iface = route(master)
         master_address = network.resolve(master)
@@ -307,13 +306,19 @@ def _with_interface(the_plan: LaunchPlan, master: str, env: Mapping[str, str],
         the_plan.notes.append(f"multi-node: hostname {socket.gethostname()} does not resolve; told torchrun's "
                               f"c10d rendezvous is_host={host} (this node {'hosts' if host == 'true' else 'joins'}"
                               " the store)")
+    if not local_addr_given:
+        # The agent that ends up rendezvous rank 0 publishes this address as the workers' MASTER_ADDR
+        # (torchrun --local-addr; without it, its FQDN, which may not resolve or may name another NIC).
+        the_plan.torchrun_argv[:0] = ["--local-addr", iface.address]
     chosen = network.socket_env(iface, env)
     the_plan.env_updates.update(chosen)
     kept = [v for v in network.IFNAME_VARS if v not in chosen]
     the_plan.notes.append(
         f"multi-node: {iface.name} ({iface.address}) routes to the master {master}; the ranks get "
         + " ".join(f"{k}={v}" for k, v in chosen.items())
-        + (f" (kept your {', '.join(kept)})" if kept else "") + "; export them to choose another interface")
+        + (f" (kept your {', '.join(kept)})" if kept else "") + ("" if local_addr_given else
+                                                                 f" and torchrun --local-addr {iface.address}")
+        + "; export them to choose another interface")
 
 
 def _simulation(value: str | None, env: Mapping[str, str]) -> dict[str, str]:
