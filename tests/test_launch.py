@@ -238,10 +238,10 @@ def test_no_route_to_the_master_is_said_once_and_nothing_is_guessed():
 @pytest.mark.parametrize(("address", "is_host"), [("192.168.1.100", "true"), ("192.168.1.101", "false")])
 def test_c10d_is_told_who_hosts_the_store_when_the_hostname_does_not_resolve(monkeypatch, address, is_host):
     # torchrun's c10d resolves this host's name to decide, and ends with gaierror where it does not resolve.
-    import npudist.launch as launch
+    import npudist.launch_multinode as multinode
     from npudist.runtime.network import Interface
 
-    monkeypatch.setattr(launch, "_hostname_resolves", lambda: False)
+    monkeypatch.setattr(multinode, "_hostname_resolves", lambda: False)
     route, _ = _route_recorder(Interface("eth0", address))
     argv = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.168.1.100:29400",
             "--rdzv-conf", "last_call_timeout=2", "t.py"]
