@@ -183,3 +183,68 @@ def test_omp_threads_set_once_with_the_reason_unless_the_user_chose():
     assert len(p.notes) == 1 and "oversubscribe" in p.notes[0]
     mine = plan(["--nproc-per-node", "2", "t.py"], CPU, {"OMP_NUM_THREADS": "4"})
     assert "OMP_NUM_THREADS" not in mine.env_updates and mine.notes == []
+
+
+def _route_recorder(iface=None, error=None):
+    from npudist.runtime.network import Interface, NetworkError
+
+    seen = []
+
+    def route(host):
+        seen.append(host)
+        if error:
+            raise NetworkError(error)
+        return iface or Interface("bond0.100", "192.168.1.101")
+
+    return route, seen
+
+
+def test_multi_node_points_every_backend_at_the_interface_routing_to_the_master():
+    route, seen = _route_recorder()
+    p = plan(["--nnodes", "2", "--node-rank", "1", "--master-addr", "192.168.1.100", "t.py"], CPU, {}, route=route)
+    assert seen == ["192.168.1.100"]
+    assert {k: p.env_updates[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_IF_IP")} == {
+        "GLOO_SOCKET_IFNAME": "bond0.100", "NCCL_SOCKET_IFNAME": "=bond0.100", "HCCL_IF_IP": "192.168.1.101"}
+    assert p.torchrun_argv[:2] == ["--local-addr", "192.168.1.101"]  # the address torchrun's agent publishes
+    note = [n for n in p.notes if n.startswith("multi-node")]
+    assert len(note) == 1 and "bond0.100 (192.168.1.101) routes to the master 192.168.1.100" in note[0]
+
+
+def test_the_users_interface_variable_stands_and_c10d_uses_the_endpoint_host():
+    route, seen = _route_recorder()
+    argv = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.168.1.100:29400", "t.py"]
+    p = plan(argv, CPU, {"GLOO_SOCKET_IFNAME": "ib0"}, route=route)
+    assert seen == ["192.168.1.100"] and "GLOO_SOCKET_IFNAME" not in p.env_updates
+    assert "kept your GLOO_SOCKET_IFNAME" in " ".join(p.notes)
+
+
+def test_single_node_and_all_node_local_jobs_set_no_interface():
+    route, seen = _route_recorder()
+    assert not any("IFNAME" in k for k in plan(["t.py"], CPU, {}, route=route).env_updates) and seen == []
+    from npudist.runtime.network import Interface
+
+    lo, _ = _route_recorder(Interface("lo", "127.0.0.1"))
+    p = plan(["--nnodes", "2", "--node-rank", "1", "t.py"], CPU, {}, route=lo)
+    assert not any("IFNAME" in k for k in p.env_updates)
+
+
+def test_no_route_to_the_master_is_said_once_and_nothing_is_guessed():
+    route, _ = _route_recorder(error="node9 does not resolve")
+    p = plan(["--nnodes", "2", "--node-rank", "1", "--master-addr", "node9", "t.py"], CPU, {}, route=route)
+    assert not any("IFNAME" in k for k in p.env_updates)
+    assert any("no interface chosen (node9 does not resolve)" in n for n in p.notes)
+
+
+@pytest.mark.parametrize(("address", "is_host"), [("192.168.1.100", "true"), ("192.168.1.101", "false")])
+def test_c10d_is_told_who_hosts_the_store_when_the_hostname_does_not_resolve(monkeypatch, address, is_host):
+    # torchrun's c10d resolves this host's name to decide, and ends with gaierror where it does not resolve.
+    import npudist.launch_multinode as multinode
+    from npudist.runtime.network import Interface
+
+    monkeypatch.setattr(multinode, "_hostname_resolves", lambda: False)
+    route, _ = _route_recorder(Interface("eth0", address))
+    argv = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.168.1.100:29400",
+            "--rdzv-conf", "last_call_timeout=2", "t.py"]
+    out = plan(argv, CPU, {}, route=route).torchrun_argv
+    assert [a for a in out if "last_call_timeout" in a] == [f"last_call_timeout=2,is_host={is_host}"]
+    assert out.count("--rdzv-conf") == 1

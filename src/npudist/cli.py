@@ -100,7 +100,11 @@ _STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", 
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
            table: bool = typer.Option(None, "--table/--compact",
                                       help="A table (default on a terminal) or plain lines (default in a pipe)."),
-           show_all: bool = typer.Option(False, "--all", help="Show every check whole, the skipped ones included.")
+           show_all: bool = typer.Option(False, "--all", help="Show every check whole, the skipped ones included."),
+           master_addr: str = typer.Option(None, "--master-addr", help="Check the route, interface, MTU and "
+                                           "rendezvous port towards this host (default: $MASTER_ADDR)."),
+           master_port: int = typer.Option(None, "--master-port", help="The rendezvous port (default: "
+                                           "$MASTER_PORT, else 29500).")
            ) -> None:
     import json
 
@@ -110,7 +114,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON do
     from npudist import doctor as doc
     from npudist.doctor.result import compact, environment_block, shown, skipped_line, summary_line
 
-    results = doc.run_checks()
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in (("MASTER_ADDR", master_addr), ("MASTER_PORT", master_port)) if v})
+    results = doc.run_checks(doc.Host(env=env))
     if as_json:
         typer.echo(json.dumps(doc.as_document(results), indent=2))
         raise typer.Exit(doc.exit_code(results))

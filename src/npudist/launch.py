@@ -13,12 +13,15 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from npudist import launch_multinode as multinode
 from npudist.accelerators import Accelerator
+from npudist.runtime import network
 from npudist.runtime.env import rank_info, torchrun_env
+from npudist.runtime.network import Interface
 from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     PORT_VAR,
@@ -193,8 +196,10 @@ read the previous one's keys either.
 """
 
 
-def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> LaunchPlan:
-    """Turn `npudist launch` arguments into what to run, without running anything."""
+def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
+         route: Callable[[str], Interface] | None = None) -> LaunchPlan:
+    """Turn `npudist launch` arguments into what to run, without running anything but reading the
+    kernel's route to the master (``route``, injectable) for a multi-node job."""
     if not argv:
         raise LaunchError("give the training script to run: npudist launch [options] SCRIPT [ARGS]")
     ns, head, tail = _split(argv)
@@ -238,6 +243,13 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str]) -> Launc
                               f"host's {os.cpu_count()} cores; export {OMP_VAR} to choose another value")
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
+    if not single_node and not ns.standalone:
+        chosen, notes = multinode.with_interface(
+            the_plan.torchrun_argv, multinode.master_host(ns, static), env, route or network.route_to,
+            is_c10d=ns.rdzv_backend == "c10d" and not static, rdzv_conf=ns.rdzv_conf or None,
+            local_addr_given=ns.local_addr is not None)
+        the_plan.env_updates.update(chosen)
+        the_plan.notes.extend(notes)
     return _with_metrics(the_plan, ns, env)
 
 

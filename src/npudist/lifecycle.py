@@ -19,6 +19,7 @@ import torch.distributed as dist
 from npudist.accelerators import Accelerator, accelerator
 from npudist.comm import control
 from npudist.comm import state as comm_state
+from npudist.runtime import network
 from npudist.runtime.env import RankInfo, rank_info
 from npudist.runtime.settings import Settings, SettingsError
 from npudist.runtime.state import current, peek
@@ -82,11 +83,7 @@ def _explain(exc: Exception, info: RankInfo, where: str, timeout: timedelta) -> 
             f"(`ss -ltnp | grep {where.rsplit(':', 1)[-1]}`). Original error: {text}"
         )
     if "connection refused" in text.lower():
-        return DistInitError(
-            f"rank {info.rank} of {info.world_size}: a peer refused the connection while joining at {where}: "
-            "that rank died or was restarted after publishing its address. Check the other ranks' logs; "
-            f"under torchrun, restarts get fresh addresses on the next attempt. Original error: {text}"
-        )
+        return _refused(text, info, where)
     if "timed out" in text.lower() or "timeout" in text.lower():
         joined = re.search(r"(\d+)/(\d+) clients joined", text)
         seen = f" ({joined.group(1)} of {joined.group(2)} ranks joined)" if joined else ""
@@ -97,6 +94,57 @@ def _explain(exc: Exception, info: RankInfo, where: str, timeout: timedelta) -> 
             f"rank uses the same MASTER_ADDR/MASTER_PORT. Original error: {text}"
         )
     return DistInitError(f"rank {info.rank}: init_process_group failed at {where}: {text}")
+
+
+_REMOTE = re.compile(r"remote=\[?([^\]\s]+?)\]?:(\d+)")
+
+
+def _refused(text: str, info: RankInfo, where: str) -> DistInitError:
+    """A peer's published address refused us: either it advertised loopback (wrong interface) or the rank
+    behind that address is gone."""
+    m = _REMOTE.search(text)
+    peer = f"{m.group(1)}:{m.group(2)}" if m else "its published address"
+    master = where.rsplit(":", 1)[0]
+    if m and network.is_loopback(m.group(1)) and not network.is_loopback(master):
+        return DistInitError(
+            f"rank {info.rank} of {info.world_size}: a peer advertised {peer}, a loopback address, so the "
+            f"connection went to this host instead of the peer: a wrong-interface case, not a dead rank. Set "
+            f"GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME, HCCL_IF_IP) on every node to the interface that routes to "
+            f"{master} (`ip route get {master}`), or start with `npudist launch`, which sets it. "
+            f"Original error: {text}"
+        )
+    return DistInitError(
+        f"rank {info.rank} of {info.world_size}: a peer refused the connection at {peer} while joining at "
+        f"{where}: the rank behind that address died or was restarted after publishing it. Check the other "
+        f"ranks' logs; under torchrun, restarts get fresh addresses on the next attempt. Original error: {text}"
+    )
+
+
+def _check_advertised(info: RankInfo, backend: str) -> None:
+    """Refuse, before any collective, a multi-node gloo rank that would advertise a loopback address: its
+    peers on other nodes would connect to themselves and fail with "Connection refused" far from the cause."""
+    master = os.environ.get("MASTER_ADDR", "").strip()
+    if backend != "gloo" or info.world_size <= info.local_world_size or not master:
+        return
+    try:
+        if network.is_loopback(network.resolve(master)):
+            return  # every "node" on this host: loopback is what they share
+        address, why = network.gloo_address(os.environ)
+    except network.NetworkError:
+        return
+    if address and not network.is_loopback(address):
+        return
+    try:
+        iface = network.route_to(master)
+        use = f"{iface.name} ({iface.address}), the interface that routes to {master}"
+        fix = f"export GLOO_SOCKET_IFNAME={iface.name}"
+    except network.NetworkError:
+        use, fix = f"the interface that routes to {master} (`ip route get {master}`)", "export GLOO_SOCKET_IFNAME=IFACE"
+    raise DistInitError(
+        f"rank {info.rank} of {info.world_size} (node {info.node_rank}) would advertise {address or 'no address'} "
+        f"({why}) to ranks on other nodes, which cannot reach it. Use {use}: {fix} on every node, or start with "
+        "`npudist launch`, which sets it."
+    )
 
 
 def init(backend: str | None = None, timeout: float | timedelta | None = None) -> DistContext:
@@ -137,6 +185,7 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
 
 
 def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
+    _check_advertised(info, backend)
     if info.source == "single":
         # A world of one needs no port: an in-process store keeps notebooks and tests free of clashes.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

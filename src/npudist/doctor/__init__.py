@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from npudist.doctor import ascend_network  # noqa: F401  (registers the Ascend NIC checks)
+from npudist.doctor import (
+    ascend_network,  # noqa: F401  (registers the Ascend NIC checks)
+    multinode,  # noqa: F401  (registers the route-to-master checks)
+)
 from npudist.doctor.checks import CHECKS
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, STATUSES, WARN, CheckResult

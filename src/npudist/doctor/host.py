@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npudist.runtime.network import Interface, route_to
 from npudist.toolrun import run_tool
 
 
@@ -36,6 +37,10 @@ def _resolve(host: str) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, None)})
 
 
+def _connect(host: str, port: int, timeout: float) -> None:
+    socket.create_connection((host, port), timeout=timeout).close()
+
+
 @dataclass
 class Host:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -47,6 +52,8 @@ class Host:
     run: Callable[[list[str], float], str] = _run
     fs_size: Callable[[Path], int] = _fs_size
     tool_timeout: float = 10.0
+    route: Callable[[str], Interface] = route_to
+    connect: Callable[[str, int, float], None] = _connect
 
     def which(self, tool: str) -> str | None:
         return shutil.which(tool, path=self.env.get("PATH", os.defpath))

@@ -1,0 +1,154 @@
+"""Multi-node jobs on a cluster of network namespaces (npudist.testing.cluster): the harness itself, a start
+with no interface variable, the loopback refusal, and node faults named as nodes.
+
+Needs root and iproute2 (CI runs as root); elsewhere every test skips with the harness's reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from npudist.runtime.network import IFNAME_VARS
+from npudist.testing.cluster import Cluster, unavailable
+from tests.conftest import REPO, child_env
+
+REASON = unavailable()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"cluster harness: {REASON}")]
+TRAIN = str(REPO / "examples" / "train_ddp.py")
+PY = sys.executable
+
+
+def _env() -> dict[str, str]:
+    """This checkout's npudist, with no interface variable: launch has to find the network itself."""
+    return {k: v for k, v in child_env().items() if k not in IFNAME_VARS}
+
+
+def _wait(procs, timeout: float) -> list[int | None]:
+    end = time.monotonic() + timeout
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the caller asserts on the None
+            p.wait(max(0.1, end - time.monotonic()))
+    return [p.poll() for p in procs]
+
+
+def _connect(c: Cluster, node, host: str, port: int) -> bool:
+    code = f"import socket; socket.create_connection(({host!r}, {port}), timeout=2).close()"
+    return c.run(node, [PY, "-c", code]).returncode == 0
+
+
+def _eventually_connects(c: Cluster, node, host: str, port: int, within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while not _connect(c, node, host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
+    return True
+
+
+def test_nodes_have_their_own_hostname_and_address_faults_bite_and_nothing_is_left_behind(tmp_path):
+    c = Cluster(2)
+    with c:
+        n0, n1 = c.nodes
+        log = tmp_path / "hostname.log"
+        assert c.spawn(n1, ["hostname"], log=log).wait(10) == 0
+        assert log.read_text().strip() == "node1"
+        server = c.spawn(n0, [PY, "-c", f"import socket,time; s=socket.create_server(({n0.address!r}, 29431)); "
+                                        "time.sleep(60)"])
+        assert _eventually_connects(c, n1, n0.address, 29431)
+        assert not _connect(c, n0, n1.address, 29431)  # nothing listens there: a different host
+        c.partition(n1)
+        assert not _connect(c, n1, n0.address, 29431)
+        c.heal(n1)  # the bridge port takes a moment to forward again
+        assert _eventually_connects(c, n1, n0.address, 29431)
+        c.slow(n1, "1mbit")
+        assert "tbf" in c.run(n1, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        spawned = [server.pid, *c.pids(n0)]
+    assert c.leftovers() == []
+    assert not [p for p in spawned if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_failure_inside_the_cluster_still_removes_it():
+    c = Cluster(1)
+    with pytest.raises(RuntimeError, match="boom"), c:
+        c.spawn(c.nodes[0], ["sleep", "60"])
+        raise RuntimeError("boom")
+    assert c.leftovers() == []
+
+
+def test_two_nodes_train_with_no_interface_variable_set(tmp_path):
+    with Cluster(2) as c:
+        procs = [c.launch(n, [TRAIN, "--steps", "4", "--log-every", "1"], env=_env(),
+                          log=tmp_path / f"{n.hostname}.log") for n in c.nodes]
+        codes = _wait(procs, 180)
+    logs = {n.hostname: (tmp_path / f"{n.hostname}.log").read_text() for n in c.nodes}
+    assert codes == [0, 0], logs["node0"][-3000:] + logs["node1"][-3000:]
+    assert "multi-node: eth0 (10.213.0.2) routes to the master 10.213.0.1" in logs["node1"]
+    assert "step=4 " in logs["node0"] and "world=4" in logs["node0"]
+
+
+def test_a_rank_that_would_advertise_loopback_is_refused_before_the_collective(tmp_path):
+    # Plain torchrun, as a user without npudist launch runs it: the node's hostname does not resolve, so
+    # gloo would fall back to 127.0.0.1 and the peers would connect to themselves.
+    with Cluster(2) as c:
+        argv = lambda n: [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n.index),  # noqa: E731
+                          "--master-addr", c.nodes[0].address, "--master-port", "29512", "--nproc-per-node", "1",
+                          TRAIN, "--steps", "3"]
+        procs = [c.spawn(n, argv(n), env=_env(), log=tmp_path / f"{n.hostname}.log") for n in c.nodes]
+        codes = _wait(procs, 120)
+    text = (tmp_path / "node1.log").read_text()
+    assert all(code not in (0, None) for code in codes), text[-3000:]
+    assert "rank 1 of 2 (node 1) would advertise 127.0.0.1" in text
+    assert "export GLOO_SOCKET_IFNAME=eth0" in text and "eth0 (10.213.0.2)" in text
+
+
+def _node0_reports(run: Path) -> list[Path]:
+    """node0's verdicts: a partitioned node1 writes its own into the shared directory too."""
+    return sorted(r for r in run.glob("hang-*.json") if r.name not in ("hang-rank2.json", "hang-rank3.json"))
+
+
+def _fault_named(tmp_path: Path, fault: str) -> tuple[float, dict, str]:
+    """Train 2 nodes x 2 ranks, apply ``fault`` to node1 after step 5; seconds until a verdict, the verdict,
+    and the node it names."""
+    with Cluster(2) as c:
+        procs = [c.launch(n, [TRAIN, "--steps", "100000", "--log-every", "1", "--no-telemetry",
+                              "--run-dir", str(tmp_path), "--checkpoint-every", "100000"],
+                          env=_env(), log=tmp_path / f"{n.hostname}.log") for n in c.nodes]
+        deadline = time.monotonic() + 180
+        while "step=5 " not in (tmp_path / "node0.log").read_text() and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), (tmp_path / "node0.log").read_text()[-3000:]
+            time.sleep(0.3)
+        start = time.monotonic()
+        getattr(c, fault)(c.nodes[1])
+        while not _node0_reports(tmp_path) and time.monotonic() - start < 90:
+            time.sleep(0.2)
+        elapsed = time.monotonic() - start
+        reports = _node0_reports(tmp_path)
+        assert reports, (tmp_path / "node0.log").read_text()[-3000:]
+        verdict = json.loads(reports[0].read_text())
+        named = c.describe(verdict.get("culprits") or verdict["not_reached"], nproc=2)
+    return elapsed, verdict, named
+
+
+@pytest.mark.parametrize("fault", ["kill_node", "partition"])
+def test_a_lost_node_is_named_within_30_s(tmp_path, fault):
+    elapsed, verdict, named = _fault_named(tmp_path, fault)
+    assert sorted(verdict["not_reached"]) == [2, 3], verdict
+    assert named == "node1 (10.213.0.2, ranks 2-3)"
+    assert elapsed < 30, f"{fault}: named after {elapsed:.1f} s"
+
+
+def test_an_elastic_job_goes_on_with_the_surviving_node_from_the_last_checkpoint(tmp_path):
+    from npudist.testing.mttr import run_trial
+
+    t = run_trial("kill_node", TRAIN, observe_s=150, env=_env(), keep=str(tmp_path))
+    assert t.world_after == 2, t  # node0's 2 ranks alone, after --nnodes 1:2 let the rendezvous close
+    assert t.steps_lost is not None and 0 <= t.steps_lost <= 5, t  # a checkpoint every 5 steps
+    assert t.named == "node1 (10.213.0.2, ranks 2-3)" or t.named == "", t
