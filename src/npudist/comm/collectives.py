@@ -22,6 +22,7 @@ from npudist.comm import context, handshake, pipeline
 from npudist.comm.buffers import Lease, aligned_empty, pinning_available
 from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
 from npudist.comm.recorder import Recorder
+from npudist.runtime import compat
 
 R = dist.ReduceOp
 OPS: Mapping[str, object] = MappingProxyType({
@@ -320,6 +321,13 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
     return _complete("all_gather", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)
 
 
+def _gloo_reduce_scatter_unsound(backend: str, op: str) -> bool:
+    """gloo's reduce_scatter_tensor is missing on torch 2.1 and returns wrong MIN/MAX/PRODUCT values on
+    2.5.1 and 2.8.0 (measured, issue 33; right from 2.11): there it is emulated with all_reduce."""
+    return backend == "gloo" and (not compat.has("gloo_reduce_scatter")
+                                  or (op in ("min", "max", "product") and not compat.has("gloo_reduce_scatter_minmax")))
+
+
 def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None,
                    async_op: bool = False) -> torch.Tensor | Handle:
     """Reduce ``t`` across ranks and return this rank's slice of dim 0 (``t.shape[0] // world`` rows)."""
@@ -340,6 +348,12 @@ def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None
     nbytes = n * t.element_size()
     plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, chunks=world,
                        backend=ctx.backend)
+    if _gloo_reduce_scatter_unsound(ctx.backend, op):
+        # All ranks reduce the whole tensor and keep their slice: world times the traffic, right values.
+        full = t.detach().clone()
+        all_reduce(full, op=op, group=group)
+        out = full.reshape(world, rows, *t.shape[1:])[ctx.rank].clone()
+        return _complete("reduce_scatter", ctx, None, None, out, nbytes, plan.kinds, start, async_op)
     if ctx.debug:
         _debug("reduce_scatter", t, group, ctx)
     k = plan.chunk

@@ -51,6 +51,9 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "default_stager": Feature((2, 9), "torch.distributed.checkpoint.staging.DefaultStager"),
     "python_privateuse1": Feature((2, 10), "torch.utils.backend_registration."
                                            "_setup_privateuseone_for_python_backend"),
+    # Measured: torch 2.1.2's gloo has no reduce_scatter_tensor, 2.5.1's has one; 2.2-2.4 were not measured,
+    # so they count as without it (emulated: right values, more traffic).
+    "gloo_reduce_scatter": Feature((2, 5), "gloo reduce_scatter_tensor"),
     # Measured: gloo reduce_scatter_tensor MIN/MAX/PRODUCT gave wrong values on 2.5.1 and 2.8.0 (absent on
     # 2.1), right from 2.11.
     "gloo_reduce_scatter_minmax": Feature((2, 11), "gloo reduce_scatter_tensor with MIN/MAX/PRODUCT"),
