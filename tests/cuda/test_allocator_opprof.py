@@ -10,16 +10,20 @@ fragmentation 1 - allocated/reserved > 0; allocating the same sizes again reuses
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
 from npudist.accelerators import get
+from npudist.runtime import compat
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.exposition.rank_exporter import rank_labels
 from npudist.telemetry.job.allocator import AllocatorCollector, read_allocator
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from npudist.telemetry.sources.readings import RankDevice
+from tests.conftest import REPO, child_env, run_py
 from tests.telemetry.exp_helpers import families, registry_text, samples
 
 BLOCK = 512 << 10  # small-pool size (<= 1 MiB): served from 2 MiB segments, four blocks each
@@ -118,3 +122,45 @@ def test_profiler_on_cuda_captures_device_time_of_mm() -> None:
     assert all(us > 0 for us in device_us), device_us  # the GEMM kernels' time, from CUPTI
     durations = op_sampling.profiled_op_durations(prof, "cuda")
     assert [op for op, _ in durations].count("matmul") == 3 and all(s > 0 for _, s in durations), durations
+
+
+_SIM_ALLOCATOR = """
+import json, sys
+from npudist.sim import install
+install("npu")
+import torch
+from prometheus_client import CollectorRegistry
+from npudist.accelerators import get
+from npudist.telemetry.exposition.collector_health import CollectorHealth
+from npudist.telemetry.exposition.rank_exporter import rank_labels
+from npudist.telemetry.job.allocator import AllocatorCollector, read_allocator
+from npudist.telemetry.sources.readings import RankDevice
+from tests.telemetry.exp_helpers import families, registry_text, samples
+
+acc = get("npu-sim")
+blocks = [torch.empty(%(block)d, dtype=torch.uint8, device="npu:0") for _ in range(64)]
+del blocks[::2]
+holed = read_allocator(acc, 0)
+health = CollectorHealth()
+registry = CollectorRegistry(auto_describe=False)
+registry.register(AllocatorCollector(lambda: acc.memory_stats(0), health,
+                                     rank_labels(0, 0, "node", RankDevice(0, 0, 0))))
+fams = families(registry_text(registry))
+[ratio] = samples(fams, "npudist_allocator_fragmentation_ratio").values()
+sys.stdout.write("RESULT " + json.dumps({"allocated": holed.allocated_bytes, "reserved": holed.reserved_bytes,
+                                         "ratio": ratio, "errors": health.errors("allocator")}) + "\\n")
+"""
+
+
+@pytest.mark.skipif(not compat.has("python_privateuse1"), reason="the simulated NPU needs torch >= 2.10")
+def test_fragmentation_path_on_the_simulated_npu(tmp_path) -> None:
+    """The fragmentation test's reading and export through a device module's memory_allocated/reserved, on
+    the simulated NPU (whose reserved bytes are the peak of the live ones, as a caching allocator keeps)."""
+    script = tmp_path / "sim_allocator.py"
+    script.write_text(_SIM_ALLOCATOR % {"block": BLOCK})
+    proc = run_py([str(script)], env=child_env(pythonpath=[REPO]), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).split(" ", 1)[1])
+    assert got["reserved"] - got["allocated"] >= 32 * BLOCK
+    assert got["ratio"] == pytest.approx(1 - got["allocated"] / got["reserved"]) and 0 < got["ratio"] < 1
+    assert got["errors"] == {}
