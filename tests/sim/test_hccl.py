@@ -11,11 +11,13 @@ import pytest
 import torch.distributed as dist
 
 from npudist.comm.constraints import HCCL
+from npudist.runtime import compat
 from npudist.sim.hccl import SimHcclGroup
 from tests.conftest import run_npudist
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),
+              pytest.mark.skipif(not compat.has("python_privateuse1"), reason="the simulated NPU needs torch >= 2.10")]
 
 SCRIPT = "tests/sim/rank_hccl.py"
 

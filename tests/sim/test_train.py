@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from npudist.runtime import compat
 from tests.conftest import child_env, run_npudist
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),
+              pytest.mark.skipif(not compat.has("python_privateuse1"), reason="the simulated NPU needs torch >= 2.10")]
 
 EXAMPLE = "examples/train_ddp.py"
 SMALL = ["--d-model", "32", "--layers", "1", "--seq-len", "16", "--vocab", "32", "--log-every", "1",

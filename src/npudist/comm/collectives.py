@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from npudist.comm import context, handshake, pipeline
 from npudist.comm.buffers import Lease, aligned_empty, pinning_available
+from npudist.comm.flat_gather import all_gather_flat
 from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
 from npudist.comm.recorder import Recorder
 from npudist.runtime import compat
@@ -30,7 +31,7 @@ OPS: Mapping[str, object] = MappingProxyType({
     "bxor": R.BXOR})
 # torch 2.13 renamed the flat-tensor collectives (*_into_tensor / *_tensor are deprecated there);
 # older torch (>= 2.1, what torch_npu users are tied to) has only the old names.
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+ALL_GATHER = all_gather_flat
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _CPU = torch.device("cpu")
 _clock = time.perf_counter

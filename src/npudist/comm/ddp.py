@@ -189,6 +189,16 @@ def _refuse(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
 
 
 
+def _refuse_unsyncable(model: torch.nn.Module, backend: str) -> None:
+    """Before DDP(init_sync=) (torch 2.7) DDP broadcasts the start-up weights itself, bypassing npudist's
+    adapting broadcast; gloo before torch 2.5 cannot move bfloat16 ("Invalid scalar type")."""
+    if backend != "gloo" or compat.has("ddp_init_sync") or compat.has("gloo_bf16"):
+        return
+    if any(t.dtype == torch.bfloat16 for t in [*model.parameters(), *model.buffers()]):
+        compat.require("gloo_bf16", "npudist.ddp of a bfloat16 model on gloo (DDP's own start-up broadcast; "
+                       "or keep the model in float32 and autocast to bfloat16)")
+
+
 def _copy_rank0_states(model: torch.nn.Module, group: Any) -> None:
     """DDP's start-up copy of rank 0's parameters and buffers, through npudist's adapting broadcast.
 
@@ -223,6 +233,7 @@ def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
     if ctx.device.type != "cpu":
         ddp_kwargs.setdefault("device_ids", [ctx.device])
     model = model.to(ctx.device)
+    _refuse_unsyncable(model, ctx.backend)
     if ddp_kwargs.get("init_sync", True) and compat.has("ddp_init_sync"):
         _copy_rank0_states(model, ddp_kwargs.get("process_group"))
         ddp_kwargs["init_sync"] = False

@@ -41,6 +41,11 @@ class Feature:
 FEATURES: Mapping[str, Feature] = MappingProxyType({
     "dist_error": Feature((2, 2), "torch.distributed.DistError"),
     "dcp_checkpoint_id": Feature((2, 2), "torch.distributed.checkpoint.save/load(checkpoint_id=)"),
+    # Measured on 2.1.2: "no support for _allgather_base in Gloo process group", and gloo refuses bfloat16
+    # ("Invalid scalar type"; DDP's start-up broadcast of bf16 parameters fails); both work on 2.5.1. 2.2-2.4
+    # were not measured, so they count as without.
+    "gloo_allgather_base": Feature((2, 5), "gloo all_gather_into_tensor"),
+    "gloo_bf16": Feature((2, 5), "gloo collectives on bfloat16"),
     "dcp_async_save": Feature((2, 3), "torch.distributed.checkpoint.async_save"),
     "custom_op": Feature((2, 4), "torch.library.custom_op and register_fake"),
     "accelerator": Feature((2, 6), "torch.accelerator"),
