@@ -46,6 +46,8 @@ def _layouts(model) -> tuple[int, int]:
     return count("bucket_sizes"), count("rebuilt_bucket_sizes")
 
 
+@pytest.mark.skipif(not compat.has("gloo_bf16"), reason="measured on torch 2.1.2: its DDP does not rebuild the "
+                    "buckets this test counts (2.5 not measured; gated with the gloo bf16 row)")
 def test_each_bucket_buffer_is_planned_once_per_layout(world_of_one, monkeypatch):
     made: list[int] = []
     original = bucket_call.BucketPlan.__init__

@@ -84,7 +84,7 @@ GLOO = Constraints(
     # AVG fails ("result type Float can't be cast").
     reduce_dtypes=_ops({
         "sum": _GLOO_ARITH, "max": _GLOO_ARITH, "min": _GLOO_ARITH, "product": _GLOO_ARITH,
-        "avg": _GLOO_ARITH & frozenset({F16, BF16, F32, F64}),
+        **({"avg": _GLOO_ARITH & frozenset({F16, BF16, F32, F64})} if compat.has("gloo_avg") else {}),
         "band": _GLOO_INT, "bor": _GLOO_INT, "bxor": _GLOO_INT,
     }),
     copy_dtypes=_GLOO_ARITH,

@@ -46,6 +46,9 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     # were not measured, so they count as without.
     "gloo_allgather_base": Feature((2, 5), "gloo all_gather_into_tensor"),
     "gloo_bf16": Feature((2, 5), "gloo collectives on bfloat16"),
+    # Measured: "Cannot use ReduceOp.AVG with Gloo" on 2.1.2; native on 2.13 (the CI torch). Versions between
+    # were not measured, so they count as without (npudist then sums and divides).
+    "gloo_avg": Feature((2, 13), "gloo ReduceOp.AVG"),
     "dcp_async_save": Feature((2, 3), "torch.distributed.checkpoint.async_save"),
     "custom_op": Feature((2, 4), "torch.library.custom_op and register_fake"),
     "accelerator": Feature((2, 6), "torch.accelerator"),
