@@ -22,9 +22,9 @@ import torch
 
 
 def on_device(t: torch.Tensor) -> bool:
-    """Whether a tensor needs a device-to-host copy (tensor subclasses on a device, the simulated NPU's
-    included, go the same way: ``copy_`` dispatches for them)."""
-    return t.device.type != "cpu"
+    """Whether a tensor is staged into a reused host buffer: a plain tensor on a device. Tensor subclasses
+    on a device (the simulated NPU's, whose data are host memory already) are copied one by one."""
+    return t.device.type != "cpu" and type(t) is torch.Tensor
 
 
 class HostStaging:
@@ -77,8 +77,7 @@ def _pinnable(device: torch.device) -> bool:
 
 
 def _host_buffer(t: torch.Tensor) -> torch.Tensor:
-    # A tensor subclass on a device (the simulated NPU's SimTensor) holds host memory already.
-    if type(t) is torch.Tensor and _pinnable(t.device):
+    if _pinnable(t.device):
         try:
             return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
         except RuntimeError:  # no pinned allocator for this device in this torch: a plain buffer still works
@@ -107,8 +106,8 @@ def _copy_all(sources: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
 
 def _rebuild(obj: Any, memo: dict[int, Any]) -> Any:
     if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            memo[id(obj)] = obj.detach().clone()  # host tensors: a clone (0.3 ms, where staging is 160+ ms)
+        if id(obj) not in memo:  # host tensors: a clone (0.3 ms, where staging is 160+ ms); subclasses: a copy
+            memo[id(obj)] = obj.detach().clone() if obj.device.type == "cpu" else obj.detach().to("cpu", copy=True)
         return memo[id(obj)]
     if isinstance(obj, dict):
         out = copy.copy(obj)  # keeps the class and attributes (a state_dict's _metadata)
