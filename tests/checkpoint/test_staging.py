@@ -1,9 +1,10 @@
 """Staging of device state for asynchronous saves: host buffers reused per layout, values as of save().
 
 The device path is forced on the CPU by treating host tensors as device ones (the copy into reused buffers
-is the same code); simulated NPU tensors (host memory in a tensor subclass) are copied one by one. The reused-DefaultStager failure of torch
-2.11-2.12 (issue 33: the second save on a GPU raised ``KeyError: <class 'type'>``) is a second stage into
-the same stager; these tests stage twice and more, on every torch CI runs.
+is the same code); simulated NPU tensors (host memory in a tensor subclass) are copied one by one. The
+reused-DefaultStager failure of torch 2.11-2.12 (issue 33: the second save on a GPU raised
+``KeyError: <class 'type'>``) is a second stage into the same stager; these tests stage twice and more, on
+every torch CI runs.
 """
 
 from __future__ import annotations
