@@ -218,7 +218,8 @@ def params_sha256(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        # The tensor's bytes without numpy: torch < 2.3 cannot load numpy 2, which pip installs by default.
+        h.update(bytes(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).tolist()))
     return h.hexdigest()
 
 

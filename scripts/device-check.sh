@@ -8,7 +8,8 @@
 # Steps, each under `timeout` and never past the budget: the environment (nvidia-smi, torch/CUDA/NCCL
 # versions, devices, `npudist doctor --json` summary); on a GPU host only, the set-up described below;
 # `pytest -m cuda tests/cuda` (each test has its own time limit too); `npudist bench collective --op
-# all_reduce` with one rank per device. Everything goes to $OUT (default runs/device-check/<UTC time>):
+# all_reduce` with one rank per device; benchmarks/checkpoint_gpu.py (4 GiB async checkpoint, npudist vs DCP).
+# Everything goes to $OUT (default runs/device-check/<UTC time>):
 # summary.json, env.json, doctor.json, pytest-cuda.xml, bench-all_reduce.json and one NAME.log per step.
 # The last line printed is `device-check: N passed, M failed, K skipped`, counting the cuda tests, the
 # benchmark and, where nvidia-smi lists a GPU, whether torch can use it. Exit 1 if anything failed.
@@ -40,7 +41,8 @@ if ! "$PY" -c 'import sys' >/dev/null 2>&1; then
 fi
 
 for f in started.json steps.tsv summary.json env.json doctor.json pytest-cuda.xml bench-all_reduce.json \
-  nvidia-smi.log env.log install-torch.log install-deps.log doctor.log pytest-cuda.log bench-all_reduce.log; do
+  nvidia-smi.log env.log install-torch.log install-deps.log doctor.log pytest-cuda.log bench-all_reduce.log \
+  bench-checkpoint.json bench-checkpoint.log; do
   rm -f "${OUT:?}/$f"  # a previous run's files in the same directory
 done
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -127,5 +129,13 @@ else
   skip_step bench-all_reduce "$(env_field cuda_reason)"
 fi
 
-# 5. The summary; its last line is the result.
+# 5. Asynchronous checkpoint cost of 4 GiB of CUDA state, npudist against DCP (benchmarks/checkpoint_gpu.py);
+# the example's checkpoint-and-resume on CUDA is a cuda test above (tests/cuda/test_train_cuda.py).
+if [ "${devices:-0}" -ge 1 ] 2>/dev/null; then
+  step bench-checkpoint 120 "$PY" benchmarks/checkpoint_gpu.py --size-gib 4 --saves 3 --out "$OUT/bench-checkpoint.json"
+else
+  skip_step bench-checkpoint "$(env_field cuda_reason)"
+fi
+
+# 6. The summary; its last line is the result.
 "$PY" scripts/device_check.py report "$OUT"

@@ -140,11 +140,22 @@ def test_report_fails_a_gpu_host_whose_torch_cannot_use_it(tmp_path: Path, sampl
     (tmp_path / "env.json").write_text(json.dumps({"torch": "2.13.0+cpu", "torch_cuda": None, "cuda_device_count": 0,
                                                    "cuda_reason": "no CUDA"}))
     (tmp_path / "steps.tsv").write_text("pytest-cuda\tran\t1\t12\t330\tpytest-cuda.log\n"
-                                        "bench-all_reduce\tskipped\t\t0\t\tno CUDA\n")
+                                        "bench-all_reduce\tskipped\t\t0\t\tno CUDA\n"
+                                        "bench-checkpoint\tskipped\t\t0\t\tno CUDA\n")
     (tmp_path / "pytest-cuda.xml").write_text(junit)
     (tmp_path / "pytest-cuda.log").write_text(log)
     assert dc.report(tmp_path) == 1
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "device-check: 1 passed, 2 failed, 2 skipped"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "device-check: 1 passed, 2 failed, 3 skipped"
     summary = json.loads((tmp_path / "summary.json").read_text())
     [gpu] = [c for c in summary["checks"] if c["kind"] == "environment"]
     assert gpu["outcome"] == "failed" and "lists 1 GPU(s) but torch 2.13.0+cpu has no CUDA" in gpu["reason"]
+
+
+def test_the_checkpoint_measurement_passes_with_its_figures_and_fails_without_them() -> None:
+    step = {"name": "bench-checkpoint", "status": "ran", "rc": 0, "seconds": 70, "limit_s": 120}
+    result = {"summary": {"npudist_steady_blocking_s": 0.21, "first_blocking_vs_dcp": 0.8, "durable_vs_dcp": 0.95}}
+    ok = dc.checkpoint_check(step, result, "")
+    assert ok["outcome"] == "passed" and "steady blocking 0.210 s" in ok["reason"] and "0.95x" in ok["reason"]
+    died = dc.checkpoint_check({**step, "rc": 124}, None, "Traceback ... KeyError")
+    assert died["outcome"] == "failed" and "120 s limit" in died["reason"] and "KeyError" in died["reason"]
+    assert dc.checkpoint_check(None, None, "")["outcome"] == "skipped"

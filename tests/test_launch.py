@@ -248,3 +248,59 @@ def test_c10d_is_told_who_hosts_the_store_when_the_hostname_does_not_resolve(mon
     out = plan(argv, CPU, {}, route=route).torchrun_argv
     assert [a for a in out if "last_call_timeout" in a] == [f"last_call_timeout=2,is_host={is_host}"]
     assert out.count("--rdzv-conf") == 1
+
+
+class _OneGpu(Accelerator):
+    def device_count(self) -> int:
+        return 1
+
+
+class _CountFails(Accelerator):
+    def device_count(self) -> int:
+        raise RuntimeError("driver not loaded")
+
+
+GPU1 = _OneGpu(BY_NAME["cuda"])
+
+
+@pytest.mark.parametrize("given", [["--nproc-per-node", "2"], ["--nproc_per_node=2"]])
+def test_more_ranks_than_devices_is_refused_naming_found_asked_and_fixes(given):
+    with pytest.raises(LaunchError) as caught:
+        plan([*given, "train.py"], GPU1, {"CUDA_VISIBLE_DEVICES": "3"})
+    text = str(caught.value)
+    assert "asks for 2 ranks" in text and "shows 1 device" in text and "CUDA_VISIBLE_DEVICES='3'" in text
+    assert "nccl needs one device per rank" in text
+    assert "--nproc-per-node 1" in text and "make more devices visible with CUDA_VISIBLE_DEVICES" in text
+    assert "--accelerator cpu" in text
+
+
+def test_as_many_ranks_as_devices_and_gloo_backends_are_not_refused():
+    assert _value(plan(["--nproc-per-node", "1", "train.py"], GPU1, {}).torchrun_argv, "--nproc-per-node") == "1"
+    assert _value(plan(["--nproc-per-node", "8", "train.py"], CPU, {}).torchrun_argv, "--nproc-per-node") == "8"
+    # a device count that cannot be read here refuses nothing: the ranks report the real problem
+    plan(["--nproc-per-node", "4", "train.py"], _CountFails(BY_NAME["mlu"]), {})
+
+
+def test_ascend_and_cambricon_rows_are_checked_too():
+    with pytest.raises(LaunchError, match="ASCEND_RT_VISIBLE_DEVICES"):
+        plan(["--nproc-per-node", "9", "train.py"], NPU8, {})
+    with pytest.raises(LaunchError, match=r"cncl needs one device per rank.*MLU_VISIBLE_DEVICES"):
+        plan(["--nproc-per-node", "2", "train.py"], _OneGpu(BY_NAME["mlu"]), {})
+
+
+def test_simulated_npu_shows_the_chips_of_a_real_host():
+    with pytest.raises(LaunchError, match="shows 8 devices"):
+        plan(["--simulate", "npu", "--nproc-per-node", "9", "train.py"], CPU, {})
+    with pytest.raises(LaunchError, match="shows 2 devices"):
+        plan(["--simulate", "npu", "--nproc-per-node", "3", "train.py"], CPU, {"ASCEND_RT_VISIBLE_DEVICES": "4,5"})
+    plan(["--simulate", "npu", "--nproc-per-node", "2", "train.py"], CPU, {})
+
+
+def test_cli_refuses_before_any_rank_starts(tmp_path):
+    script = tmp_path / "never.py"
+    marker = tmp_path / "started"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    out = run_npudist(["launch", "--simulate", "npu", "--nproc-per-node", "3", str(script)],
+                      env=child_env({"ASCEND_RT_VISIBLE_DEVICES": "0,1"}), timeout=120)
+    assert out.returncode != 0 and "asks for 3 ranks" in out.stderr and "shows 2 devices" in out.stderr
+    assert not marker.exists()

@@ -123,3 +123,21 @@ def test_cases_against_reference(tmp_path, world):
     # avg over ranks of (rank + 1), rank, rank: 2 ranks -> 1.5, 0.5, 0.5; 3 ranks -> 2, 1, 1.
     mean = (world - 1) / 2
     assert checks["many_values"] == [mean + 1, mean, mean, [1, 2]]
+
+
+@pytest.mark.slow
+def test_emulated_gloo_reduce_scatter_meets_the_reference(tmp_path):
+    """The path older torch takes for gloo reduce_scatter (all_reduce, keep this rank's slice)."""
+    cases = [c for c in draw_cases(80) if c["coll"] == "reduce_scatter" and c["profile"] == "gloo"]
+    cases += [{"coll": "reduce_scatter", "dtype": dtype, "redop": op, "shape": [4, 3], "view": "contig",
+               "profile": "gloo", "seed": 11 + i, "src": 0}
+              for i, (dtype, op) in enumerate([("float32", "min"), ("int64", "max"), ("float32", "product"),
+                                               ("bfloat16", "avg"), ("int32", "sum")])]
+    for i, c in enumerate(cases):
+        c["id"] = i
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps({"cases": cases}))
+    proc = run_npudist(["launch", "--nproc-per-node", "2", str(HERE / "rank_cases_emulated.py"), str(spec),
+                        str(tmp_path)], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_results(cases, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)])

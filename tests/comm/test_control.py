@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from npudist.checkpoint import RunDirLock
 from npudist.comm import control
+from npudist.runtime import compat
 from tests.conftest import REPO, run_ranks
 
 RANK = str(REPO / "tests" / "comm" / "rank_control.py")
@@ -26,6 +27,8 @@ REFUSAL = "No backend type associated with device type cpu"
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Both ranks' records of one two-rank job on fakeccl (each step's result or error)."""
+    if not compat.has("python_privateuse1"):
+        pytest.skip("the device-only fake backend registers a Python PrivateUse1 device (torch >= 2.10)")
     root = tmp_path_factory.mktemp("control")
     out, run_dir, busy = root / "out", root / "run", root / "busy"
     out.mkdir()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import npudist
+from npudist.runtime import compat
 from npudist.telemetry import StepTimer, watch_ddp
 from tests.conftest import child_env, run_npudist
 
@@ -95,6 +96,8 @@ def test_every_bucket_is_counted_by_comm(two):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not compat.has("gloo_bf16"), reason="the reference, plain DDP of a bf16 model, needs gloo "
+                    "bfloat16 (torch >= 2.5)")
 @pytest.mark.parametrize("world", [2, 3])
 def test_strict_bf16_trains_and_matches_an_fp32_reduction(world, two, three):
     ranks = two if world == 2 else three["ranks"]
@@ -108,6 +111,8 @@ def test_strict_bf16_trains_and_matches_an_fp32_reduction(world, two, three):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not compat.has("ddp_init_sync"), reason="DDP(init_sync=) arrived in torch 2.7; before it "
+                    "DDP copies rank 0's weights itself")
 @pytest.mark.parametrize("world", [2, 3])
 def test_start_up_copy_of_rank0_weights_goes_through_npudist(world, two, three):
     ranks = two if world == 2 else three["ranks"]

@@ -13,7 +13,7 @@ import npudist
 from npudist import comm
 from npudist.comm import bucket_call
 from npudist.comm.ddp import gradient_sync
-from npudist.runtime import state
+from npudist.runtime import compat, state
 
 BUCKET_MB = 0.005  # each Linear(32, 32) holds 4.2 kB of gradients: several buckets per step
 
@@ -46,6 +46,8 @@ def _layouts(model) -> tuple[int, int]:
     return count("bucket_sizes"), count("rebuilt_bucket_sizes")
 
 
+@pytest.mark.skipif(not compat.has("gloo_bf16"), reason="measured on torch 2.1.2: its DDP does not rebuild the "
+                    "buckets this test counts (2.5 not measured; gated with the gloo bf16 row)")
 def test_each_bucket_buffer_is_planned_once_per_layout(world_of_one, monkeypatch):
     made: list[int] = []
     original = bucket_call.BucketPlan.__init__
@@ -83,6 +85,7 @@ def test_counting_goes_on_after_reset_stats(world_of_one):
     assert comm.stats().get("all_reduce").inflight == 0
 
 
+@pytest.mark.skipif(not compat.has("gloo_bf16"), reason="a bf16 model on gloo needs torch >= 2.5")
 def test_a_profile_change_replans_and_adapts_the_next_buckets(world_of_one):
     model = npudist.ddp(_model(torch.bfloat16), bucket_cap_mb=BUCKET_MB)
     _steps(model, 2, torch.bfloat16)

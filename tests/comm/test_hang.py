@@ -135,6 +135,8 @@ class CountingStore:
 
 @pytest.fixture
 def store():
+    if not hasattr(dist.TCPStore, "clone"):
+        pytest.skip("the tests' store clients use TCPStore.clone() (torch >= 2.8)")
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
     yield server
 

@@ -55,6 +55,32 @@ def test_example_trains_50_steps_on_cuda_with_telemetry(tmp_path: Path) -> None:
     assert h.hexdigest() == final.group(1)
 
 
+def _final_hash(proc) -> str:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    final = re.search(r"^final step=\d+ loss=[0-9.]+ params_sha256=([0-9a-f]{64})$", proc.stdout, re.M)
+    assert final, proc.stdout[-2000:]
+    return final.group(1)
+
+
+@pytest.mark.timeout(300)
+def test_example_checkpoints_asynchronously_and_resumes_bitwise_on_cuda(tmp_path: Path) -> None:
+    """Issue 33: on an H200 the example died at its second asynchronous checkpoint (a reused DefaultStager).
+    Saves every 5 steps through the staging path, stops at 20, resumes to 30: the same weights as 30 steps
+    without a stop."""
+    example = str(REPO / "examples" / "train_ddp.py")
+
+    def launch(run_dir: Path, steps: int):
+        return run_npudist(["launch", "--nproc-per-node", "1", example, "--steps", str(steps), "--log-every", "5",
+                            "--checkpoint-every", "5", "--run-dir", str(run_dir)], env=child_env(), timeout=120)
+
+    stopped = tmp_path / "stopped"
+    first = launch(stopped, 20)
+    _final_hash(first)
+    assert [s for s in sorted(p.name for p in stopped.iterdir()) if s.startswith("step-")][-1] == "step-00000020"
+    resumed = launch(stopped, 30)
+    assert _final_hash(resumed) == _final_hash(launch(tmp_path / "straight", 30))
+
+
 # DDP through npudist where it exists (npudist.ddp), else torch's DDP: per-rank shards of one seeded batch,
 # gradients compared with one unwrapped copy of the model over the whole batch on the same device.
 DDP_RANK = textwrap.dedent("""

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from npudist.runtime import compat
 from npudist.sim import SimulationError, parse_mode
 from npudist.sim.device import SimDeviceError, physical_chip
 from tests.conftest import run_py
@@ -13,6 +14,8 @@ from tests.conftest import run_py
 
 @pytest.fixture(scope="module")
 def probe() -> dict:
+    if not compat.simulation_available():
+        pytest.skip("the simulated NPU runs on torch 2.10-2.14")
     proc = run_py(["tests/sim/device_probe.py"], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))

@@ -84,3 +84,31 @@ def test_served_on_by_default_and_switchable(fake_nvml):
     names = {s.name for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
     assert "npudist_device_ecc_uncorrected_errors_total" in names
     assert not any("throttle" in n for n in names)
+
+
+def test_every_family_of_one_gpu_carries_the_same_model_and_no_empty_health(fake_nvml):
+    """A PromQL join on ``model`` must keep the ECC, remapped-rows and throttle series (issue 33: they had
+    model="" beside the device series' model="NVIDIA H200"), and NVML reports no health verdict."""
+    from npudist.telemetry.exposition.node_exporter import build
+    from npudist.telemetry.sources.nvml import NvmlSource
+
+    fake_nvml.GPUS = [fake_nvml.FakeGpu(name="NVIDIA H200"), fake_nvml.FakeGpu(name="NVIDIA A100-SXM4-80GB")]
+    selection = parse_selection("all", collectors())
+    exporter = build([NvmlSource(fake_nvml)], 60, node="g1",
+                     sweeps=lambda health: [NvmlReliabilitySource(fake_nvml, selection=selection)],
+                     selection=selection)
+    for poller in exporter.pollers:
+        assert poller.poll_once()
+    samples = [s for f in text_string_to_metric_families(generate_latest(exporter.registry).decode())
+               for s in f.samples if s.labels.get("vendor") == "cuda"]
+    by_device: dict[str, set[str]] = {}
+    for s in samples:
+        by_device.setdefault(s.labels["device"], set()).add(s.labels.get("model"))
+    assert by_device == {"0": {"NVIDIA H200"}, "1": {"NVIDIA A100-SXM4-80GB"}}
+    families = {s.name for s in samples}
+    assert {"npudist_device_ecc_uncorrected_errors_total", "npudist_device_memory_remapped_rows",
+            "npudist_device_clock_throttle_active", "npudist_device_power_watts"} <= families
+    info = [s for s in samples if s.name == "npudist_device_info"]
+    assert len(info) == 2 and all("health" not in s.labels for s in info)
+    assert all(s.labels["bus_id"] for s in info)
+    assert not [s for s in samples if any(v == "" for v in s.labels.values())], "no empty label anywhere"

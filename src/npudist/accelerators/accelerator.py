@@ -61,7 +61,7 @@ class Accelerator:
     def device_index(self, local_rank: int, local_world_size: int) -> int:
         """The device index of a local rank: the local rank when the process sees every device of its
         node, 0 when it sees one (a visible-devices variable set per rank, e.g.
-        ``ASCEND_RT_VISIBLE_DEVICES=<local rank>``, and always on the simulated NPU). Anything else is
+        ``ASCEND_RT_VISIBLE_DEVICES=<local rank>``). Anything else is
         ambiguous and refused (ValueError naming the count)."""
         if self.device_type == "cpu":
             return 0

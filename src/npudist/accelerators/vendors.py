@@ -70,9 +70,9 @@ VENDORS: tuple[Vendor, ...] = (
     Vendor("cpu", "cpu", None, "gloo", None, "cpu", False, None, default_nproc=2),
 )
 
-# The simulated Ascend NPU (npudist.sim): the npu row's device type and backend, one visible chip per
-# process as with ASCEND_RT_VISIBLE_DEVICES=<local rank>, 2 ranks for `--nproc-per-node auto` so a laptop
-# runs it; never detected, only chosen by NPUDIST_SIMULATE.
+# The simulated Ascend NPU (npudist.sim): the npu row's device type and backend, the chips a rank of a real
+# host sees (sim/device.py), 2 ranks for `--nproc-per-node auto` so a laptop runs it; never detected, only
+# chosen by NPUDIST_SIMULATE.
 SIMULATED_NPU = Vendor("npu-sim", "npu", None, "hccl", "ASCEND_RT_VISIBLE_DEVICES", "sim", False, None,
                        default_nproc=2, activate="npudist.sim:activate", simulated=True)
 

@@ -35,6 +35,7 @@ from npudist.checkpoint.layout import (
 from npudist.checkpoint.writer import CheckpointError, SaveHandle, writer
 from npudist.comm import busy as comm_busy
 from npudist.comm import control
+from npudist.runtime import compat
 
 log = logging.getLogger("npudist.checkpoint")
 
@@ -152,6 +153,9 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
+    if sharded:
+        compat.require("dcp_async_save" if async_save else "dcp_checkpoint_id",
+                       "save(sharded=True, async_save=True)" if async_save else "save(sharded=True)")
     began = time.perf_counter()
     root = Path(directory)
     rank = dist.get_rank() if _distributed() else 0
@@ -319,6 +323,8 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
 
         # DCP stages (copies to host) before returning; its upload runs on its own thread.
         group = control.side_group() if _distributed() else None
+        if not compat.has("dcp_async_copies_cpu"):
+            state = writer().host_copy(state)  # this torch's async_save would write values changed after it
         future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group)
 
         def write_files() -> None:
@@ -412,6 +418,7 @@ def _load_latest(root: Path, template: dict[str, Any] | None, map_location: str 
             if manifest["kind"] == "sharded":
                 if template is None:
                     raise CheckpointError(f"{path} is sharded: pass template= (the state dict to load into)")
+                compat.require("dcp_checkpoint_id", "loading a sharded checkpoint")
                 import torch.distributed.checkpoint as dcp
 
                 dcp.load(template, checkpoint_id=str(path))

@@ -5,7 +5,7 @@ write (file, fsync, checksum, manifest, rename) to a thread started here. At mos
 exists: the next save first waits for it, so host copies never pile up. A write that fails is logged
 at once and kept until the next save or ``shutdown()`` raises it, on every rank.
 
-One ``CheckpointWriter`` holds all of that (thread, staging buffers, counters; the side process group
+One ``CheckpointWriter`` holds all of that (thread, staging buffers (staging.py), counters; the side process group
 of sharded writes is npudist.comm.control's); it is a part of the process's Runtime (``writer()``),
 whose close (``shutdown()``, or the exit hook of a run that skips it) waits for the last write first.
 """
@@ -13,7 +13,6 @@ whose close (``shutdown()``, or the exit hook of a run that skips it) waits for 
 from __future__ import annotations
 
 import bisect
-import copy
 import logging
 import queue
 import threading
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from npudist.checkpoint.staging import HostStaging
 from npudist.runtime.state import current
 
 log = logging.getLogger("npudist.checkpoint")
@@ -112,7 +112,7 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._job: SaveHandle | None = None
-        self._stager: Any = None
+        self._staging: HostStaging | None = None
         self._snapshot, self._write = _Hist(), _Hist()
         self._bytes = self._waits = self._failures = 0
         self._thread: threading.Thread | None = None
@@ -186,78 +186,29 @@ class CheckpointWriter:
                                    self._failures)
 
     def host_copy(self, state: Any) -> Any:
-        """A copy of ``state`` that training can no longer change: tensors copied to host memory.
-
-        Device tensors go through torch.distributed.checkpoint's DefaultStager, kept so its pinned
-        host buffers are reused from one save to the next (safe: a save starts only after the last
-        write ended). CPU-only state is cloned tensor by tensor: the stager's untyped-storage copies
-        took 160-250 ms for the example's 112 tensors with several intra-op threads on a loaded host,
-        a tensor clone 0.3 ms. Tensor subclasses on a device (the simulated NPU's) have no storage for
-        the stager to copy, so they are copied one by one too.
-        """
-        import torch
-
-        if not _any_tensor(state, lambda t: t.device.type != "cpu" and type(t) is torch.Tensor):
-            return _clone(state, {})
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self._stager = DefaultStager(StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=torch.accelerator.is_available()))
-        return self._stager.stage(state)
+        """A copy of ``state`` that training can no longer change: device tensors copied into host buffers
+        reused from one save to the next (staging.py; safe because a save starts only after the last write
+        ended), host tensors cloned."""
+        if self._staging is None:
+            self._staging = HostStaging()
+        return self._staging.stage(state)
 
     def close(self) -> CheckpointError | None:
-        """Wait for the last write; stop the thread; drop the stager; return an
-        unraised error."""
+        """Wait for the last write; stop the thread; drop the staging buffers; return an unraised error."""
         error = self.settle(count_wait=False)
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
-        if self._stager is not None:
-            self._stager.close()
-        self._stager = None
+        if self._staging is not None:
+            self._staging.close()
+        self._staging = None
         return error
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
     while (job := jobs.get()) is not None:
         job()
-
-
-def _any_tensor(obj: Any, pred: Callable[[Any], bool]) -> bool:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return pred(obj)
-    if isinstance(obj, dict):
-        return any(_any_tensor(v, pred) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return any(_any_tensor(v, pred) for v in obj)
-    return False
-
-
-def _clone(obj: Any, memo: dict[int, Any]) -> Any:
-    """Containers rebuilt, tensors copied to host memory (one copy per tensor object, so aliases stay
-    aliases)."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            memo[id(obj)] = obj.detach().to("cpu", copy=True)
-        return memo[id(obj)]
-    if isinstance(obj, dict):
-        out = copy.copy(obj)  # keeps the class and attributes (a state_dict's _metadata)
-        for k, v in obj.items():
-            out[k] = _clone(v, memo)
-        return out
-    if isinstance(obj, list):
-        return [_clone(v, memo) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_clone(v, memo) for v in obj)
-    return copy.deepcopy(obj)
-
 
 
 def writer() -> CheckpointWriter:

@@ -20,6 +20,7 @@ from npudist.comm.context import GroupContext
 from npudist.comm.recorder import Recorder
 from npudist.comm.watchdog import Watchdog
 from npudist.comm.watched import communication_failure
+from npudist.runtime.compat import DIST_ERRORS
 
 _clock = time.perf_counter
 _OP = "all_reduce"
@@ -71,7 +72,7 @@ class BucketCall:
         self._start = _clock()
         try:
             work = plan.group.allreduce([plan.buf], plan.opts)
-        except (RuntimeError, dist.DistError) as exc:
+        except DIST_ERRORS as exc:
             self._settle()
             self.error = exc
             self._raise()

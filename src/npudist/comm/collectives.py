@@ -20,8 +20,10 @@ import torch.distributed as dist
 
 from npudist.comm import context, handshake, pipeline
 from npudist.comm.buffers import Lease, aligned_empty, pinning_available
+from npudist.comm.flat_gather import all_gather_flat
 from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
 from npudist.comm.recorder import Recorder
+from npudist.runtime import compat
 
 R = dist.ReduceOp
 OPS: Mapping[str, object] = MappingProxyType({
@@ -29,7 +31,7 @@ OPS: Mapping[str, object] = MappingProxyType({
     "bxor": R.BXOR})
 # torch 2.13 renamed the flat-tensor collectives (*_into_tensor / *_tensor are deprecated there);
 # older torch (>= 2.1, what torch_npu users are tied to) has only the old names.
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+ALL_GATHER = all_gather_flat
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _CPU = torch.device("cpu")
 _clock = time.perf_counter
@@ -320,6 +322,13 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
     return _complete("all_gather", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)
 
 
+def _gloo_reduce_scatter_unsound(backend: str, op: str) -> bool:
+    """gloo's reduce_scatter_tensor is missing on torch 2.1 and returns wrong MIN/MAX/PRODUCT values on
+    2.5.1 and 2.8.0 (measured, issue 33; right from 2.11): there it is emulated with all_reduce."""
+    return backend == "gloo" and (not compat.has("gloo_reduce_scatter")
+                                  or (op in ("min", "max", "product") and not compat.has("gloo_reduce_scatter_minmax")))
+
+
 def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None,
                    async_op: bool = False) -> torch.Tensor | Handle:
     """Reduce ``t`` across ranks and return this rank's slice of dim 0 (``t.shape[0] // world`` rows)."""
@@ -340,6 +349,12 @@ def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None
     nbytes = n * t.element_size()
     plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, chunks=world,
                        backend=ctx.backend)
+    if _gloo_reduce_scatter_unsound(ctx.backend, op):
+        # All ranks reduce the whole tensor and keep their slice: world times the traffic, right values.
+        full = t.detach().clone()
+        all_reduce(full, op=op, group=group)
+        out = full.reshape(world, rows, *t.shape[1:])[ctx.rank].clone()
+        return _complete("reduce_scatter", ctx, None, None, out, nbytes, plan.kinds, start, async_op)
     if ctx.debug:
         _debug("reduce_scatter", t, group, ctx)
     k = plan.chunk

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from npudist.accelerators import accelerator
+from npudist.runtime import compat
 from npudist.runtime.settings import PROFILE_VAR
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
@@ -68,7 +69,8 @@ def _ops(table: dict[str, frozenset[torch.dtype]]) -> Mapping[str, frozenset[tor
     return MappingProxyType(dict(table))
 
 
-_GLOO_ARITH = frozenset({F16, BF16, F32, F64, I8, U8, I32, I64, BOOL})
+# gloo takes bfloat16 only on newer torch (runtime/compat.py, "gloo_bf16"); before, bf16 travels as float32.
+_GLOO_ARITH = frozenset({F16, F32, F64, I8, U8, I32, I64, BOOL} | ({BF16} if compat.has("gloo_bf16") else set()))
 _GLOO_INT = frozenset({I8, U8, I32, I64, BOOL})
 _NCCL_ALL = frozenset({F16, BF16, F32, F64, I8, U8, I32, I64, BOOL})
 _HCCL_ARITH = frozenset({F16, BF16, F32, I8, I16, I32, I64})
@@ -82,7 +84,7 @@ GLOO = Constraints(
     # AVG fails ("result type Float can't be cast").
     reduce_dtypes=_ops({
         "sum": _GLOO_ARITH, "max": _GLOO_ARITH, "min": _GLOO_ARITH, "product": _GLOO_ARITH,
-        "avg": frozenset({F16, BF16, F32, F64}),
+        **({"avg": _GLOO_ARITH & frozenset({F16, BF16, F32, F64})} if compat.has("gloo_avg") else {}),
         "band": _GLOO_INT, "bor": _GLOO_INT, "bxor": _GLOO_INT,
     }),
     copy_dtypes=_GLOO_ARITH,
@@ -100,7 +102,7 @@ NCCL = Constraints(
     # (sum->max, product->min) and has no int16 entry; check_gpu_single_tensor: "Tensors must be contiguous".
     reduce_dtypes=_ops({
         "sum": _NCCL_ALL, "max": _NCCL_ALL, "min": _NCCL_ALL, "product": _NCCL_ALL,
-        "avg": frozenset({F16, BF16, F32, F64}),
+        "avg": _GLOO_ARITH & frozenset({F16, BF16, F32, F64}),
     }),
     copy_dtypes=_NCCL_ALL,
     contiguous=True,

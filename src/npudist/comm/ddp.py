@@ -15,7 +15,6 @@ dtype comm casts to and casts back once.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable
 from types import MappingProxyType
@@ -30,6 +29,8 @@ from npudist.comm import context
 from npudist.comm.bucket_call import BucketCall, BucketPlan
 from npudist.comm.state import state
 from npudist.comm.watched import communication_failure
+from npudist.runtime import compat
+from npudist.runtime.compat import DIST_ERRORS
 
 _task_id = getattr(torch._C, "_current_graph_task_id", None)
 
@@ -139,7 +140,7 @@ class _NpudistDDP(DistributedDataParallel):
             watchdog.step_started()
         try:
             out = super()._pre_forward(*inputs, **kwargs)
-        except (RuntimeError, dist.DistError) as exc:
+        except DIST_ERRORS as exc:
             if not communication_failure(exc):
                 raise
             err = watchdog.diagnose("ddp_forward", seq, 0, exc)
@@ -186,7 +187,16 @@ def _refuse(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
                 "sparse=False or use plain DDP")
 
 
-_HAS_INIT_SYNC = "init_sync" in inspect.signature(DistributedDataParallel).parameters
+
+
+def _refuse_unsyncable(model: torch.nn.Module, backend: str) -> None:
+    """Before DDP(init_sync=) (torch 2.7) DDP broadcasts the start-up weights itself, bypassing npudist's
+    adapting broadcast; gloo before torch 2.5 cannot move bfloat16 ("Invalid scalar type")."""
+    if backend != "gloo" or compat.has("ddp_init_sync") or compat.has("gloo_bf16"):
+        return
+    if any(t.dtype == torch.bfloat16 for t in [*model.parameters(), *model.buffers()]):
+        compat.require("gloo_bf16", "npudist.ddp of a bfloat16 model on gloo (DDP's own start-up broadcast; "
+                       "or keep the model in float32 and autocast to bfloat16)")
 
 
 def _copy_rank0_states(model: torch.nn.Module, group: Any) -> None:
@@ -223,7 +233,8 @@ def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
     if ctx.device.type != "cpu":
         ddp_kwargs.setdefault("device_ids", [ctx.device])
     model = model.to(ctx.device)
-    if ddp_kwargs.get("init_sync", True) and _HAS_INIT_SYNC:
+    _refuse_unsyncable(model, ctx.backend)
+    if ddp_kwargs.get("init_sync", True) and compat.has("ddp_init_sync"):
         _copy_rank0_states(model, ddp_kwargs.get("process_group"))
         ddp_kwargs["init_sync"] = False
     wrapped = _NpudistDDP(model, **ddp_kwargs)

@@ -8,7 +8,8 @@ integers per call turns that into an error naming the ranks and their shapes.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from npudist.comm.flat_gather import all_gather_flat
 
 _MAX_DIMS = 8
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
@@ -36,8 +37,7 @@ def check(op: str, numel: int, dtype: torch.dtype, shape: tuple[int, ...], group
     dims = list(shape[:_MAX_DIMS]) + [-1] * (_MAX_DIMS - min(len(shape), _MAX_DIMS))
     mine = torch.tensor([numel, _code(dtype), len(shape), *dims], dtype=torch.int64, device=device)
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(every, mine, group=group)
+    all_gather_flat(every, mine, group=group)
     rows = every.view(world, -1).tolist()
     if all(r == rows[0] for r in rows):
         return

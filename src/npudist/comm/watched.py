@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from npudist.comm.state import state
 from npudist.comm.watchdog import Watchdog
+from npudist.runtime.compat import DIST_ERRORS, is_dist_error
 
 
 class _WatchedHandle:
@@ -44,7 +44,7 @@ class _WatchedHandle:
     def wait(self, timeout: float | None = None) -> bool:
         try:
             out = self._inner.wait(timeout) if timeout is not None else self._inner.wait()
-        except (RuntimeError, dist.DistError) as exc:
+        except DIST_ERRORS as exc:
             if not communication_failure(exc):
                 raise
             err = self._watchdog.diagnose(self._op, self._seq, self._nbytes, exc)
@@ -70,7 +70,7 @@ def _nbytes(args: tuple, kwargs: dict) -> int:
 def communication_failure(exc: BaseException) -> bool:
     """Timeouts and lost peers come as torch's DistError or a plain RuntimeError from the backend; our
     own errors (MismatchError, TypeError, ValueError) already say what is wrong and pass through."""
-    return isinstance(exc, dist.DistError) or type(exc) is RuntimeError
+    return is_dist_error(exc) or type(exc) is RuntimeError
 
 
 def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,7 +83,7 @@ def watched(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         seq = watchdog.enter(op, nbytes)
         try:
             out = fn(*args, **kwargs)
-        except (RuntimeError, dist.DistError) as exc:
+        except DIST_ERRORS as exc:
             if not communication_failure(exc):
                 raise
             err = watchdog.diagnose(op, seq, nbytes, exc)

@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
-MIN_TORCH = (2, 4)
+from npudist.runtime import compat
+
+MIN_TORCH = compat.FEATURES["custom_op"].since
 
 
-class OpsUnavailable(RuntimeError):
+class OpsUnavailable(compat.TorchTooOld):
     """This torch cannot define custom operators (torch.library.custom_op arrived in torch 2.4)."""
 
 
@@ -29,7 +31,7 @@ class KernelDeclined(Exception):  # a signal, not a failure: the reference takes
 def require_custom_op() -> Callable[..., Any]:
     """torch.library.custom_op, or OpsUnavailable naming the torch version and what to do."""
     custom_op = getattr(getattr(torch, "library", None), "custom_op", None)
-    if custom_op is None:
+    if custom_op is None or not compat.has("custom_op"):
         raise OpsUnavailable(
             f"npudist.ops needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (torch.library.custom_op); this is "
             f"torch {torch.__version__}. Upgrade torch (and the matching torch_npu/torch_mlu), or use the "

@@ -1,10 +1,13 @@
 """``torch.npu`` of the simulated NPU: the device calls npudist, DDP and torch_npu scripts make.
 
-One device is visible per process, the way ``ASCEND_RT_VISIBLE_DEVICES=<local rank>`` leaves one chip
-to each rank on a real host: torch's Python device guard reports one device, and autograd's engine
-asserts on a device index it has no queue for, so ``npu:1`` cannot work in one process. The physical
-chip behind ``npu:0`` is the one a real runtime would map it to (``physical_chip``), so npudist's
-local rank -> device index -> chip arithmetic is exercised honestly.
+A process sees the chips a rank on a real host sees: ``device_count()`` is the length of
+``ASCEND_RT_VISIBLE_DEVICES`` when set, else the ranks of this node (LOCAL_WORLD_SIZE), so a script
+written the way Ascend's examples are (``torch.npu.set_device(local_rank)``, ``device_ids=[local_rank]``,
+``f"npu:{local_rank}"``) runs unchanged. What stays different: torch's Python device guard reports one
+device (torch/csrc/acc/Module.cpp, ``PythonDeviceGuard::deviceCount`` returns 1) and autograd's engine
+asserts on an index it has no queue for, so every simulated tensor lives on ``npu:0`` whatever index
+made it; ``current_device()`` returns the index set, and ``npu:<i>`` for any visible ``i`` names this
+process's one chip (``physical_chip``), as ``set_device(local_rank)`` does on a real host.
 """
 
 from __future__ import annotations
@@ -70,11 +73,21 @@ def _index(device: Any) -> int:
     return int(device)
 
 
+def visible_count(env: Mapping[str, str] | None = None) -> int:
+    """The devices ``torch.npu.device_count()`` reports: the visible list, else this node's ranks."""
+    env = os.environ if env is None else env
+    listed = [c for c in env.get(VISIBLE_VAR, "").split(",") if c.strip()]
+    if listed:
+        return len(listed)
+    return max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
 def _check(index: int) -> int:
-    if index != 0:
+    count = visible_count()
+    if not 0 <= index < count:
         # torch_npu's own refusal of an index beyond the visible devices.
-        raise SimDeviceError(f"Invalid device ID {index}: the simulated NPU shows one device per process "
-                             f"(npu:0, chip {physical_chip()}), like {VISIBLE_VAR}=<local rank>")
+        raise SimDeviceError(f"Invalid device ID {index}: this process sees {count} simulated NPU device(s) "
+                             f"({VISIBLE_VAR} or the node's ranks); index 0-{count - 1}")
     return index
 
 
@@ -82,7 +95,8 @@ class Stream:
     """A stream on the simulated NPU: work runs when issued, so every stream is always done."""
 
     def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
-        self.device = torch.device(DEVICE_TYPE, _check(_index(device)))
+        _check(_index(device))
+        self.device = torch.device(DEVICE_TYPE, 0)  # every simulated tensor's device (module docstring)
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -137,6 +151,7 @@ class SimDeviceModule:
     def __init__(self, chips: int) -> None:
         self.chips = chips
         self._stream: Stream | None = None
+        self._current = 0
 
     # The device calls, named as in torch_npu (torch_npu.npu: is_available ... memory_reserved).
     def is_available(self) -> bool:
@@ -149,13 +164,13 @@ class SimDeviceModule:
         return False
 
     def device_count(self) -> int:
-        return 1
+        return visible_count()
 
     def set_device(self, device: Any) -> None:
-        _check(_index(device))
+        self._current = _check(_index(device))
 
     def current_device(self) -> int:
-        return 0
+        return self._current
 
     def get_device_name(self, device: Any = None) -> str:
         return f"simulated Ascend NPU (chip {physical_chip(chips=self.chips)})"

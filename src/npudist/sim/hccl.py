@@ -68,6 +68,13 @@ class SimHcclGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device this group serves. torch's object collectives (broadcast_object_list, all_gather_object,
+        gather_object, scatter_object_list) read it to place their byte tensors
+        (distributed_c10d._get_object_coll_device); as on a real HCCL group, that is the NPU."""
+        return [torch.device(DEVICE_TYPE)]
+
     def _host_group(self) -> dist.ProcessGroupGloo:
         if self._inner is None:
             raise RuntimeError("the simulated hccl group was shut down (destroy_process_group); create a new "

@@ -156,8 +156,14 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return dst
 
 
+def _record_stream(t: torch.Tensor, stream: Any) -> None:
+    """Nothing to keep alive: work on a simulated stream has finished when it is issued (device.py)."""
+    return None
+
+
 _SPECIAL: Mapping[Any, Callable[..., Any]] = MappingProxyType({
     aten._to_copy.default: _to_copy,
+    aten.record_stream.default: _record_stream,
     aten._copy_from.default: _copy_from,
     aten._copy_from_and_resize.default: _copy_from_and_resize,
 })

@@ -42,6 +42,29 @@ def exportable(value: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
+_INFO_OPTIONAL = frozenset({"health", "bus_id", "logical_id"})
+"""Info labels a source may not report (NVML has no health verdict): left off rather than set to "", so a
+series never claims an empty health."""
+
+
+def _add_info(info: Metric, values: list[str]) -> None:
+    labels = {name: value for name, value in zip(info._labelnames, values, strict=True)
+              if value or name not in _INFO_OPTIONAL}
+    info.add_sample(info.name, labels, 1.0)
+
+
+def models(pollers: Sequence[Poller]) -> dict[tuple[str, int, int], str]:
+    """(vendor, device, chip) -> the model name the device readings carry, for families read by other
+    sources (ECC, throttle, links) so that every family of one device has the same ``model`` label."""
+    out: dict[tuple[str, int, int], str] = {}
+    for poller in pollers:
+        for r in poller.snapshot().readings:
+            name = getattr(r, "name", None)
+            if isinstance(r, DeviceReading) and name:
+                out[(r.vendor, r.device_id, r.chip_id)] = str(name)
+    return out
+
+
 class DeviceCollector:
     """Yields npudist_device_* families from every poller's snapshot; a field that cannot be exported
     (not a finite number) is counted as a ``collect`` error of its poller and has no sample."""
@@ -68,7 +91,7 @@ class DeviceCollector:
                 if len(samples) < sum(finite(value) for _, value in raw):
                     self.health.error(poller.name, "collect")
                 up.add_metric(labels, 1.0 if snap.fresh else 0.0)
-                info.add_metric(info_labels, 1.0)
+                _add_info(info, info_labels)
                 for name, value in samples:
                     values[name].add_metric(labels, value)
         yield up

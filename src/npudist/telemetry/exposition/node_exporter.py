@@ -74,7 +74,7 @@ def build(sources: list[Source], interval_s: float, node: str | None = None,
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DeviceCollector(pollers, health, node))
     if sweep_pollers and selection is not None:
-        registry.register(ReliabilityCollector(sweep_pollers, health, selection, node))
+        registry.register(ReliabilityCollector(sweep_pollers, health, selection, node, device_pollers=pollers))
     registry.register(health)
     return NodeExporter(registry, health, pollers + sweep_pollers)
 
