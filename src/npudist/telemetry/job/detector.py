@@ -18,8 +18,8 @@ one rank among N is slow):
    over ranks and L). Most of the budget goes to the longest L (``LAST_SHARE``): a 1.3x rank among 4 is
    then flagged within 3 windows from a 10-window history (docs/straggler.md has the replay and, for
    2 ranks, the best any rule can do).
-4. At N = 2 a rank slow from the start makes its own past look like noise; a second test with a small share
-   of the budget learns the noise from window-to-window changes of ``x`` (which a constant slowdown does not
+4. At N = 2 a rank slow from the start makes its own past look like noise; a second test with a tenth of the
+   budget learns the noise from window-to-window changes of ``x`` (which a constant slowdown does not
    move) and catches it, as the detector did before.
 5. A flag also needs the mean slowdown over those L windows to reach ``min_slowdown`` (a 3 % difference
    that is real but harmless is never flagged, however quiet the job) and the latest window to be slow
@@ -238,8 +238,8 @@ class StragglerDetector:
         self._add(_cross_rank(logs, loo, own_history=self.world_size == 2))
         flagged = self._judge()
         if self._persistent is not None:
-            flagged |= self._judge_persistent()
             self._persistent.learn(self._rows[-1].x)
+            flagged |= self._judge_persistent()
         self.flagged = [int(r) for r in np.flatnonzero(flagged)]
         newest = self._rows[-1]  # a flagged window is not noise for its own rank
         self._sums -= self._terms(newest)
@@ -312,11 +312,13 @@ class StragglerDetector:
         if not math.isfinite(sigma) or p.dof < s.min_dof:
             return out
         rows = [self._rows[-k] for k in range(min(s.max_windows, len(self._rows)), 0, -1)]
-        need = t_quantile(s.false_rate * PERSISTENT_SHARE / (2 * s.max_windows), round_dof(p.dof))
-        need_r = np.where(np.isin(np.arange(2), self.flagged), s.hold * need, need)
+        held = np.isin(np.arange(2), self.flagged)
         total = np.zeros(2)
         for length in range(1, len(rows) + 1):
             total = total + rows[-length].x
+            need = t_quantile(self._alpha[length - 1] * PERSISTENT_SHARE / (1 - PERSISTENT_SHARE) / 2,
+                              round_dof(p.dof))
+            need_r = np.where(held, s.hold * need, need)
             with np.errstate(invalid="ignore"):
                 out |= (total / (sigma * math.sqrt(length)) > need_r) & (total / length >= math.log(s.min_slowdown))
         with np.errstate(invalid="ignore"):
