@@ -303,8 +303,8 @@ class StragglerDetector:
             return evidence & (self.zscores > s.release_z)
 
     def _judge_persistent(self) -> np.ndarray:
-        """Two ranks: the evidence against the noise of window-to-window changes (Bonferroni share
-        PERSISTENT_SHARE)."""
+        """Two ranks: the evidence of the last ``max_windows`` windows against the noise of window-to-window
+        changes (Bonferroni share PERSISTENT_SHARE)."""
         s, p = self.settings, self._persistent
         assert p is not None
         out = np.zeros(self.world_size, dtype=bool)
@@ -312,14 +312,11 @@ class StragglerDetector:
         if not math.isfinite(sigma) or p.dof < s.min_dof:
             return out
         rows = [self._rows[-k] for k in range(min(s.max_windows, len(self._rows)), 0, -1)]
-        held = np.isin(np.arange(2), self.flagged)
-        total = np.zeros(2)
-        for length in range(1, len(rows) + 1):
-            total = total + rows[-length].x
-            need = t_quantile(self._alpha[length - 1] * PERSISTENT_SHARE / (1 - PERSISTENT_SHARE) / 2,
-                              round_dof(p.dof))
-            need_r = np.where(held, s.hold * need, need)
-            with np.errstate(invalid="ignore"):
-                out |= (total / (sigma * math.sqrt(length)) > need_r) & (total / length >= math.log(s.min_slowdown))
+        # All of its share on the longest evidence: a slowdown present from the start is constant.
+        need = t_quantile(s.false_rate * PERSISTENT_SHARE / 2, round_dof(p.dof))
+        need_r = np.where(np.isin(np.arange(2), self.flagged), s.hold * need, need)
+        total = np.sum([w.x for w in rows], axis=0)
+        with np.errstate(invalid="ignore"):
+            out |= (total / (sigma * math.sqrt(len(rows))) > need_r) & (total / len(rows) >= math.log(s.min_slowdown))
         with np.errstate(invalid="ignore"):
             return out & (rows[-1].x / sigma > s.release_z)
