@@ -303,7 +303,7 @@ def _load(module: str) -> object | None:
     return mod
 
 
-EXTERNAL = {"store": "scale_store"}
+EXTERNAL = {"store": "scale_store", "bound": "straggler_bound"}
 """Subcommands whose code lives in a sibling module with its own ``main(argv)``: arguments pass through."""
 
 

@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "through the custom operator")
     p.add_argument("--no-telemetry", action="store_true",
                    help="no step timer, skew exchange, op sampling or metrics server (overhead baseline)")
+    p.add_argument("--hold-at", choices=HOLD_PHASES, default=None,
+                   help="testing Ctrl-C: --hold-rank prints 'HOLD <phase>' and sleeps there (init: before joining "
+                   "the process group; checkpoint: after the first checkpoint; resume: after loading the "
+                   "checkpoint), so the other ranks wait for it in a collective")
+    p.add_argument("--hold-rank", type=int, default=1)
     p.add_argument("--every-rank-done", action="store_true",
                    help="testing: every rank prints its 'rank=R done' line (otherwise rank 0 owns the console)")
     args = p.parse_args(argv)
@@ -103,6 +108,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 ACTIVATIONS = ("relu", "silu", "swish-op")
 FAULTS = ("sigstop", "sleep", "stall", "skip", "mismatch", "sigkill")
 FAULT_SLEEP_S = 3600.0
+HOLD_PHASES = ("init", "checkpoint", "resume")
+
+
+def hold(args: argparse.Namespace, rank: int, phase: str) -> None:
+    """--hold-at: this rank stops at ``phase`` until a signal ends it."""
+    if args.hold_at == phase and rank == args.hold_rank:
+        print(f"HOLD {phase} rank={rank}", flush=True)
+        time.sleep(FAULT_SLEEP_S)
+
+
+class Interrupt:
+    """Ctrl-C (or torchrun passing on a SIGINT) at any phase ends with one line, from rank 0.
+
+    The first SIGINT raises KeyboardInterrupt and is remembered; later ones only are (a second Ctrl-C, or the
+    launcher's copy of the terminal's) so nothing interrupts the line or the teardown. Remembering matters
+    because a rank blocked in a collective runs no Python signal handler until the collective returns, and it
+    often returns with an error first: the peer that got the same SIGINT already left. That error is the
+    interruption, not a failure (Python runs handlers between bytecodes only: docs.python.org/3/library/
+    signal.html#execution-of-python-signal-handlers)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._first)
+
+    def _first(self, _signum: int, _frame: object) -> None:
+        self.note(_signum, _frame)
+        raise KeyboardInterrupt
+
+    def note(self, _signum: int, _frame: object) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self.note)
 
 
 def announce(args: argparse.Namespace, rank: int, step: int) -> None:
@@ -273,9 +309,18 @@ def last_checkpoint(run_dir: str | None) -> str:
     return f"step {max(steps)} in {run_dir}" if steps else "none"
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+class Position:
+    """Where the run is, for the line Ctrl-C prints: rank 0 prints it (before init, RANK says who that is)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.is_main = os.environ.get("RANK", "0") == "0"
+
+
+def train(args: argparse.Namespace, at: Position) -> None:
+    hold(args, int(os.environ.get("RANK", "0")), "init")
     ctx = npudist.init()
+    at.is_main = ctx.is_main
     if args.run_dir:
         claim_run_dir(args.run_dir)  # held until npudist.shutdown()
     if args.global_batch_size % ctx.world_size:
@@ -287,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     ddp = npudist.ddp(model, **NO_BUFFER_SYNC)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     start, loss_value = resume(args.run_dir, model, opt, ctx, args.resume_simulated)
+    at.step = start
+    if start:
+        hold(args, ctx.rank, "resume")
     if start >= args.steps and ctx.is_main:
         print(f"already at step {start} in {args.run_dir}: raise --steps (make demo STEPS=...) above {start} "
               f"or remove {args.run_dir}", flush=True)
@@ -310,62 +358,73 @@ def main(argv: list[str] | None = None) -> None:
     # What `npudist report RUN_DIR` plots: RUN_DIR/metrics/rank{R}.jsonl
     runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start) if args.run_dir else None
     began, step, saved = time.perf_counter(), start, None
-    interrupted = False
+    end_step()  # starts the first step's clock
+    for step in range(start + 1, args.steps + 1):
+        began = time.perf_counter()
+        try:
+            loss = train_step(ddp, opt, args, step, ctx, timer.data_wait if timer else contextlib.nullcontext)
+            at.step = step
+        except StopIteration:  # --fault skip
+            break
+        except Exception:
+            dump_flight_recorder(ctx.rank)
+            raise
+        if ctx.rank == args.slow_rank and step >= args.slow_from:
+            took = time.perf_counter() - began
+            time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
+        seconds = end_step()
+        window_samples += args.global_batch_size
+        if step == 1 or step % args.log_every == 0 or step == args.steps:
+            loss_value = float(loss.detach())
+            now = time.perf_counter()
+            rate = window_samples / (now - window_start)
+            if runlog is not None:
+                runlog.step(step, loss_value, seconds, rate)
+            if telemetry is not None:
+                telemetry.training_progress(loss=loss_value, samples_per_second=rate)
+            if ctx.is_main:
+                print(f"step={step} loss={loss_value:.4f} samples/s={rate:.1f} "
+                      f"{progress(step, args.steps, start, began, now)} "
+                      f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
+                      flush=True)
+            window_start, window_samples = time.perf_counter(), 0
+        if args.run_dir and (step % args.checkpoint_every == 0 or step == args.steps):
+            loss_value = float(loss.detach())
+            first = saved is None
+            saved = checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+                                     "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
+                                    keep=args.keep, async_save=not args.sync_checkpoints)
+            if first:
+                hold(args, ctx.rank, "checkpoint")
+    if args.every_rank_done or ctx.is_main:
+        print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
+    if ctx.is_main:
+        print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
+        if isinstance(saved, checkpoint.SaveHandle):
+            saved.wait()  # the summary names the checkpoints on disk
+        lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None,
+                              diagnosing=bool(args.straggler_diagnosis))
+        print("\n".join(f"summary: {line}" for line in lines), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    stop = Interrupt()
+    at = Position()
     try:
-        end_step()  # starts the first step's clock
-        for step in range(start + 1, args.steps + 1):
-            began = time.perf_counter()
-            try:
-                loss = train_step(ddp, opt, args, step, ctx, timer.data_wait if timer else contextlib.nullcontext)
-            except StopIteration:  # --fault skip
-                break
-            except Exception:
-                dump_flight_recorder(ctx.rank)
-                raise
-            if ctx.rank == args.slow_rank and step >= args.slow_from:
-                took = time.perf_counter() - began
-                time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
-            seconds = end_step()
-            window_samples += args.global_batch_size
-            if step == 1 or step % args.log_every == 0 or step == args.steps:
-                loss_value = float(loss.detach())
-                now = time.perf_counter()
-                rate = window_samples / (now - window_start)
-                if runlog is not None:
-                    runlog.step(step, loss_value, seconds, rate)
-                if telemetry is not None:
-                    telemetry.training_progress(loss=loss_value, samples_per_second=rate)
-                if ctx.is_main:
-                    print(f"step={step} loss={loss_value:.4f} samples/s={rate:.1f} "
-                          f"{progress(step, args.steps, start, began, now)} "
-                          f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
-                          flush=True)
-                window_start, window_samples = time.perf_counter(), 0
-            if args.run_dir and (step % args.checkpoint_every == 0 or step == args.steps):
-                loss_value = float(loss.detach())
-                saved = checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                                         "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
-                                        keep=args.keep, async_save=not args.sync_checkpoints)
-        if args.every_rank_done or ctx.is_main:
-            print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
-        if ctx.is_main:
-            print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
-            if isinstance(saved, checkpoint.SaveHandle):
-                saved.wait()  # the summary names the checkpoints on disk
-            lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None,
-                                  diagnosing=bool(args.straggler_diagnosis))
-            print("\n".join(f"summary: {line}" for line in lines), flush=True)
-    except KeyboardInterrupt:  # Ctrl-C, or torchrun passing on a SIGINT: one line, no traceback
-        interrupted = True
-        if ctx.is_main:  # before the teardown, which may wait on peers that already left
-            print(f"interrupted at step {step}; last checkpoint {last_checkpoint(args.run_dir)}; "
+        train(args, at)
+    except BaseException as exc:
+        signal.signal(signal.SIGINT, stop.note)  # first: a SIGINT still pending now only notes
+        if not (stop.requested or isinstance(exc, KeyboardInterrupt)):
+            raise
+        if at.is_main:  # before the teardown, which may wait on peers that already left
+            print(f"interrupted at step {at.step}; last checkpoint {last_checkpoint(args.run_dir)}; "
                   "run the same command to resume", flush=True)
+        raise SystemExit(130) from None
     finally:
         # Ends what this rank started, in one order: run log, metrics server and poller, the last
         # background checkpoint write, the process group, then the run-directory lock.
         npudist.shutdown()
-    if interrupted:
-        raise SystemExit(130)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -201,9 +202,36 @@ def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         kwargs = {"init_method": "env://"}
     try:
+        if "store" in kwargs:
+            _all_arrived(kwargs["store"], info.world_size, timeout)
         dist.init_process_group(backend, timeout=timeout, **kwargs)
     except (RuntimeError, ValueError, OSError) as exc:
         raise _explain(exc, info, where, timeout) from exc
+
+
+ARRIVAL_POLL_S = 2.0
+"""Longest pause between two looks for the missing ranks (each look is one non-blocking store request)."""
+
+
+def _all_arrived(store: dist.Store, world_size: int, timeout: timedelta) -> None:
+    """Wait, in Python, until every rank has reached init().
+
+    init_process_group waits for the missing ranks inside C++, where no Python signal handler runs: a
+    Ctrl-C while a rank was late (loading data, compiling) went unanswered until torchrun killed the ranks
+    30 s later, and the script could not say where it stopped. All ranks are present once this returns,
+    so what init_process_group then waits for is short. One counter and one key per restart attempt (the
+    store is prefixed by _attempt_store); ``check`` does not block, so no timed-out wait is logged.
+    """
+    if store.add("arrived", 1) == world_size:
+        store.set("all_arrived", "1")
+    deadline = time.monotonic() + timeout.total_seconds()
+    pause = 0.01
+    while not store.check(["all_arrived"]):
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"ranks still missing after {timeout.total_seconds():.0f} s "
+                               f"({int(store.add('arrived', 0))} of {world_size} arrived)")
+        time.sleep(pause)
+        pause = min(ARRIVAL_POLL_S, pause * 2)
 
 
 def _attempt_store(info: RankInfo, timeout: timedelta) -> dist.Store:

@@ -37,12 +37,17 @@ def test_a_skewed_run_ends_with_a_summary(skewed):
     skew = re.match(r"summary: straggler: rank 1 flagged in (\d+) of 10 windows; worst ([\d.]+)x the median of "
                     r"the other ranks \(rank 1, steps \d+-\d+\); \d+ window\(s\) with a flagged rank, "
                     r"max skew [\d.]+$", summary[0])
-    # Two ranks give the detector little noise history: a gross straggler is flagged late in a 10-window run,
-    # possibly in the last window only (one window flagged writes the diagnosis); what the summary must say
-    # is who and how slow, and where the diagnoses are.
-    assert skew is not None and int(skew.group(1)) >= 1 and float(skew.group(2)) > 1.3, summary[0]
+    slowest = re.match(r"summary: straggler: no rank flagged in 10 windows \(max skew [\d.]+\); rank 1 was the "
+                       r"slowest in 10 of 10 windows \(median ([\d.]+)x the median of the others\), below the flag "
+                       r"threshold$", summary[0])
+    # Two ranks learn a rank that is slow from the first step as noise unless its window-to-window changes
+    # are quiet: on a loaded host it may stay below the threshold for 10 windows (docs/straggler.md). Either
+    # way the summary must say who and how slow, and where the diagnoses are.
+    assert (skew is not None and int(skew.group(1)) >= 1 and float(skew.group(2)) > 1.3) or \
+        (slowest is not None and float(slowest.group(1)) > 1.3), summary[0]
     diagnoses = sorted(run_dir.glob("straggler-step*.json"))
-    assert diagnoses and summary[1] == "summary: straggler diagnoses: " + ", ".join(map(str, diagnoses))
+    assert bool(diagnoses) == (skew is not None)
+    assert summary[1] == "summary: straggler diagnoses: " + (", ".join(map(str, diagnoses)) or "none")
     assert re.match(rf"summary: checkpoints: 2 written in {re.escape(str(run_dir))} \(kept: step 100, step 200\); "
                     r"save blocked training \d+ ms and wrote for \d+ ms on average; 0 failed$", summary[2])
 
@@ -61,6 +66,51 @@ def test_a_second_run_says_there_is_nothing_to_do(skewed):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"already at step 200 in {run_dir}: raise --steps" in again.stdout
     assert f"or remove {run_dir}" in again.stdout
+
+
+def _interrupt_at(run_dir, phase, *extra):
+    """Launch with rank 1 held at ``phase``; Ctrl-C once it says so (rank 0 then waits for it in a
+    collective or in the rendezvous). Returns (exit code, stdout, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "examples/train_ddp.py",
+         "--steps", "100000", "--run-dir", str(run_dir), "--checkpoint-every", "3", "--sync-checkpoints",
+         "--log-every", "1000", "--hold-at", phase, *extra, *SMALL], cwd=REPO, env=child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        seen = []
+        for line in proc.stdout:  # rank 1's line comes through the launcher's stdout
+            seen.append(line)
+            if line.startswith(f"HOLD {phase} "):
+                break
+        assert seen and seen[-1].startswith("HOLD"), "".join(seen) + proc.communicate(timeout=30)[1][-3000:]
+        time.sleep(2)  # rank 0 reaches the collective (or the rendezvous) that waits for rank 1
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode, "".join(seen) + out, err
+
+
+def _one_line(code, out, err, step, checkpoint):
+    assert code == 130, err[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("interrupted")]
+    assert lines == [f"interrupted at step {step}; last checkpoint {checkpoint}; run the same command to resume"], \
+        out + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_ctrl_c_while_rank_0_waits_in_the_rendezvous(tmp_path):
+    _one_line(*_interrupt_at(tmp_path / "run", "init"), step=0, checkpoint="none")
+
+
+def test_ctrl_c_after_the_first_checkpoint_and_while_resuming(tmp_path):
+    """Rank 0 is blocked in the next gradient all-reduce when the SIGINT comes; rank 1, sleeping in Python,
+    leaves first, so rank 0's collective fails before its own KeyboardInterrupt is raised."""
+    run_dir = tmp_path / "run"
+    _one_line(*_interrupt_at(run_dir, "checkpoint"), step=3, checkpoint=f"step 3 in {run_dir}")
+    _one_line(*_interrupt_at(run_dir, "resume"), step=3, checkpoint=f"step 3 in {run_dir}")
 
 
 def test_ctrl_c_ends_with_one_line_naming_step_and_checkpoint(tmp_path):

@@ -1,5 +1,6 @@
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -136,7 +137,8 @@ def test_straggler_warned_once_when_flagged_and_once_when_it_recovers(monkeypatc
     assert (1,) in flagged[5:8] and all(f in ((), (1,)) for f in flagged)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("straggler:")]
     assert len(lines) == 2, lines  # not one per window
-    assert "rank 1 (device 1 chip 0) works 1.5" in lines[0] and "cause: compute" in lines[0]
+    works = re.search(r"rank 1 \(device 1 chip 0\) works ([\d.]+)x", lines[0])
+    assert works and 1.45 <= float(works.group(1)) <= 1.55 and "cause: compute" in lines[0], lines[0]
     assert "60.0 C" in lines[0] and "1500 MHz" in lines[0]
     assert "rank 1 (device 1 chip 0) recovered" in lines[1]
     fams = _fams(timer.metrics)

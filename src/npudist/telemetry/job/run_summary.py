@@ -8,11 +8,22 @@ flagged and how often, the straggler diagnoses and the checkpoints.
 from __future__ import annotations
 
 import collections
+import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudist.telemetry.job.skew import SkewReport
+
+SLOWEST_CHANCE = 0.01
+"""The summary names a persistently slowest rank when chance alone would make some rank that often the
+slowest in fewer than 1 run in 100 (binomial tail, times the ranks)."""
+
+
+def _binomial_tail(n: int, k: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
 
 
 @dataclass
@@ -30,10 +41,23 @@ class RunSummary:
     stragglers: collections.Counter[tuple[int, tuple[int, int] | None]] = field(
         default_factory=collections.Counter)
     """(rank, (device, chip) or None) -> windows in which the detector flagged it."""
+    ranks: int = 0
+    """Largest world size seen in a window."""
+    slowest: collections.Counter[int] = field(default_factory=collections.Counter)
+    """rank -> windows in which it had the longest mean work time."""
+    slowest_ratios: dict[int, list[float]] = field(default_factory=dict)
+    """rank -> its ratio to the median of the others in the windows in which it was the slowest."""
 
     def __call__(self, report: SkewReport) -> None:
         self.windows += 1
         self.max_skew = max(self.max_skew, report.skew)
+        if len(report.means) > 1:
+            r = report.straggler
+            self.slowest[r] += 1
+            ratio = report.ratios[r] if r < len(report.ratios) else None
+            if ratio is not None and math.isfinite(ratio):
+                self.slowest_ratios.setdefault(r, []).append(ratio)
+        self.ranks = max(self.ranks, len(report.means))
         if not report.flagged:
             return
         self.flagged += 1
@@ -47,7 +71,8 @@ class RunSummary:
         if not self.windows:
             return "straggler: no window exchanged (fewer steps than --exchange-every, or telemetry off)"
         if not self.flagged:
-            return f"straggler: no rank flagged in {self.windows} windows (max skew {self.max_skew:.3f})"
+            return (f"straggler: no rank flagged in {self.windows} windows (max skew {self.max_skew:.3f})"
+                    + self._persistently_slowest())
         (rank, device), count = self.stragglers.most_common(1)[0]
         where = "" if device is None else f" (device {device[0]} chip {device[1]})"
         assert self.worst is not None
@@ -55,6 +80,20 @@ class RunSummary:
         return (f"straggler: rank {rank}{where} flagged in {count} of {self.windows} windows; worst "
                 f"{ratio:.2f}x the median of the other ranks (rank {worst_rank}, steps {w.first_step}-{w.last_step}); "
                 f"{self.flagged} window(s) with a flagged rank, max skew {self.max_skew:.3f}")
+
+    def _persistently_slowest(self) -> str:
+        """A rank that was the slowest in more windows than chance makes (each rank is the slowest in 1/N of
+        the windows of a job without a straggler) is named even when no window crossed the flag threshold:
+        consistently a little slower is a card worth a look."""
+        if not self.slowest or self.ranks < 2:
+            return ""
+        rank, count = min(self.slowest.items(), key=lambda kv: (-kv[1], kv[0]))
+        if self.ranks * _binomial_tail(self.windows, count, 1 / self.ranks) >= SLOWEST_CHANCE:
+            return ""
+        ratios = self.slowest_ratios.get(rank)
+        median = f" (median {statistics.median(ratios):.2f}x the median of the others)" if ratios else ""
+        return (f"; rank {rank} was the slowest in {count} of {self.windows} windows{median}, below the flag "
+                "threshold")
 
     def lines(self, run_dir: str | os.PathLike[str] | None = None, checkpoints: CheckpointLines | None = None,
               diagnosing: bool = True) -> list[str]:
