@@ -67,6 +67,20 @@ def test_written_after_n_flagged_windows_in_a_row_and_once_per_streak(tmp_path):
     assert len(list(tmp_path.glob("straggler-*.json"))) == 1
 
 
+def test_a_diagnosis_says_on_which_host_and_pid_the_straggler_runs(tmp_path):
+    asked = []
+
+    def where(ranks):
+        asked.append(ranks)
+        return {1: ("node7", 4242)}
+
+    (path,) = StragglerDiagnosis(tmp_path, where=where)(_report(1, 5, [0.02, 0.08], flagged=(1,)))
+    doc = json.loads(path.read_text())
+    assert (doc["host"], doc["pid"]) == ("node7", 4242) and asked == [[1]]  # one lookup, for the flagged rank
+    (path,) = StragglerDiagnosis(tmp_path / "alone")(_report(1, 5, [0.02, 0.08], flagged=(1,)))
+    assert json.loads(path.read_text())["host"] is None  # outside a job: said so, not invented
+
+
 def test_two_flagged_ranks_get_one_document_each(tmp_path):
     paths = StragglerDiagnosis(tmp_path)(_report(1, 5, [0.1, 0.2, 0.1, 0.2], flagged=(1, 3)))
     assert [p.name for p in paths] == ["straggler-step00000005-rank1.json", "straggler-step00000005-rank3.json"]

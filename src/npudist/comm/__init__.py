@@ -18,6 +18,7 @@ from npudist.comm.state import (
     set_recording,
     set_run_dir,
     stats,
+    where,
 )
 from npudist.comm.watchdog import CollectiveHangError
 from npudist.runtime.settings import PROFILE_VAR
@@ -56,4 +57,5 @@ __all__ = [
     "set_recording",
     "set_run_dir",
     "stats",
+    "where",
 ]

@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -138,14 +139,23 @@ def _physical(device: tuple[int, int] | None) -> dict[str, int | None]:
     return {"npu_id": npu_id, "chip_id": chip_id}
 
 
+def _hosts(ranks: list[int]) -> dict[int, tuple[str, int]]:
+    from npudist.comm import where
+
+    return where(ranks)
+
+
 class StragglerDiagnosis:
     """Append to StepTimer.on_exchange on one rank: writes RUN_DIR/straggler-step<N>.json once per streak of
     ``windows`` consecutive windows in which the detector flags a rank (one document per flagged rank)."""
 
-    def __init__(self, run_dir: str | os.PathLike, windows: int = 1) -> None:
+    def __init__(self, run_dir: str | os.PathLike, windows: int = 1,
+                 where: Callable[[list[int]], dict[int, tuple[str, int]]] | None = None) -> None:
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
         self.run_dir, self.windows = Path(run_dir), windows
+        self.where = where if where is not None else _hosts
+        """(host, pid) of ranks, so that a diagnosis says where to look (npudist.comm's records by default)."""
         self._streaks: dict[int, deque[SkewReport]] = {}
         self._written: set[int] = set()
         self.written: list[Path] = []
@@ -162,7 +172,10 @@ class StragglerDiagnosis:
             streak.append(report)
             if len(streak) < self.windows or rank in self._written:
                 continue
-            path = self._write(diagnosis(list(streak), rank), report.last_step, rank, len(flagged))
+            doc = diagnosis(list(streak), rank)
+            host, pid = self.where([rank]).get(rank, (None, None))
+            doc["host"], doc["pid"] = host, pid
+            path = self._write(doc, report.last_step, rank, len(flagged))
             if path is not None:
                 self._written.add(rank)
                 out.append(path)
