@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from npudist.comm import hang, hang_reader, rank_states, watchdog
+from npudist.comm import abort_note, hang, hang_reader, main_thread, rank_states, watchdog
 from npudist.comm.hang_reader import HangReader
 from npudist.comm.rank_states import Look, classify
 from npudist.comm.watchdog import Record, Watchdog
@@ -69,7 +69,7 @@ def test_the_main_thread_is_looked_at_running_or_asleep():
 
     def look_later(name: str) -> None:
         time.sleep(0.1)
-        box[name] = watchdog.look_at_main(None, time.sleep)
+        box[name] = main_thread.look_at_main(None, time.sleep)
         stop.set()
 
     t = threading.Thread(target=look_later, args=("spin",))
@@ -207,16 +207,16 @@ def test_the_abort_names_the_culprit_for_torchrun_and_says_what_happens_next(tmp
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    note = watchdog.restart_note()
+    note = abort_note.restart_note()
     assert "nothing restarts it (--max-restarts 0)" in note and "resumes from the last checkpoint" in note
     verdict = {"line": "npudist hang: ... rank(s) 1 never reached it: rank 1 (node7 pid 42) ...", "time": 1000.0}
-    watchdog.write_error_file("rank 0: aborting; " + verdict["line"], verdict)
+    abort_note.write_error_file("rank 0: aborting; " + verdict["line"], verdict)
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=124, error_file=str(path))
     assert failure.timestamp == 1000  # before the culprit's own exit is seen: torchrun picks it first
     assert "rank 1 (node7 pid 42)" in failure.message["extraInfo"]["py_callstack"]
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert watchdog.restart_note() == "the launcher restarts the job (restart 2 of --max-restarts 3)"
+    assert abort_note.restart_note() == "the launcher restarts the job (restart 2 of --max-restarts 3)"
 
 
 def test_the_error_file_is_not_written_through_a_planted_symlink(tmp_path, monkeypatch):
@@ -224,7 +224,7 @@ def test_the_error_file_is_not_written_through_a_planted_symlink(tmp_path, monke
     target.write_text("keep")
     (tmp_path / "error.json").symlink_to(target)
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
-    watchdog.write_error_file("x", None)
+    abort_note.write_error_file("x", None)
     assert target.read_text() == "keep"
 
 

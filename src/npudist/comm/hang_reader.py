@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npudist.comm import hang, rank_states, watchdog
+from npudist.comm import hang, main_thread, rank_states, watchdog
 from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import Records, parse_record
 from npudist.runtime.report_file import write_report
@@ -174,7 +174,7 @@ class HangReader:
         if not others:
             if me in ranks:
                 answered.add(me)
-                looks[me] = watchdog.look_at_main(self.wd.busy_phase, time.sleep)
+                looks[me] = main_thread.look_at_main(self.wd.busy_phase, time.sleep)
             return answered, looks
         gen = int(store.add(watchdog.ctl_key(), 0)) % watchdog.ABORT_STEP + 1
         store.set(watchdog.answers_key(gen), "")
@@ -182,7 +182,7 @@ class HangReader:
         store.add(watchdog.ctl_key(), 1)
         if me in ranks:  # this rank looks at itself while the others answer
             answered.add(me)
-            mine = watchdog.look_at_main(self.wd.busy_phase, time.sleep)
+            mine = main_thread.look_at_main(self.wd.busy_phase, time.sleep)
             looks[me] = mine
             self.sleep(max(0.0, watchdog.PUBLISH_INTERVAL_S * ANSWER_PERIODS - mine.span_s))
         else:

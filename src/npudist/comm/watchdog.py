@@ -34,7 +34,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -44,8 +43,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from npudist.comm import rank_states
-from npudist.comm.rank_states import Look
+from npudist.comm.abort_note import restart_note, write_error_file
+from npudist.comm.main_thread import look_at_main
 from npudist.runtime.report_file import write_report
 
 log = logging.getLogger("npudist.comm")
@@ -55,8 +54,6 @@ HANG_EXIT_CODE = 124
 """Exit status of a rank aborted after a hang verdict (timeout(1)'s "timed out")."""
 ABORT_STEP = 1_000_000
 """Added to the control counter to order an abort; smaller increments are probes."""
-STACK_CHARS = 4000
-"""A probed rank's stack is cut to its innermost frames within this many characters."""
 STANDBY_RANK = 1
 """Rank 1's watchdog stands in for rank 0's hang reader when rank 0 goes silent (hang_reader.py)."""
 VERDICT_WAIT_S = 6.0
@@ -147,34 +144,6 @@ def verdict_key() -> str:
 
 def who_key(rank: int) -> str:
     return _key(f"who/{rank}")
-
-
-def main_cpu_s() -> float:
-    """CPU seconds of the main thread (the process's where the platform has no per-thread clock)."""
-    ident = threading.main_thread().ident
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(ident))  # type: ignore[arg-type]
-    except (AttributeError, OSError, TypeError):
-        return time.process_time()
-
-
-def look_at_main(busy: tuple[str, float] | None, wait: Callable[[float], object]) -> Look:
-    """Two looks at the main thread, rank_states.SAMPLE_GAP_S apart: does it run, does its stack move."""
-    t0, cpu0, stack0 = time.monotonic(), main_cpu_s(), main_stack()
-    wait(rank_states.SAMPLE_GAP_S)
-    t1, cpu1, stack1 = time.monotonic(), main_cpu_s(), main_stack()
-    label, since = busy or ("", 0.0)
-    return Look(stack=stack1, cpu_s=max(0.0, cpu1 - cpu0), span_s=t1 - t0, moved=stack1 != stack0, busy=label,
-                busy_s=max(0.0, time.monotonic() - since) if label else 0.0)
-
-
-def main_stack() -> str:
-    """The main thread's Python stack, innermost frames last, cut to STACK_CHARS."""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    if frame is None:
-        return ""
-    text = "".join(traceback.format_stack(frame))
-    return text[-STACK_CHARS:]
 
 
 def shared_store() -> Any:
@@ -550,31 +519,3 @@ def _published_verdict(store: Any) -> dict[str, Any] | None:
     except Exception as exc:  # the abort goes on without the culprit's name
         log.debug("verdict not readable: %s", exc)
     return None
-
-
-def restart_note() -> str:
-    """What happens after an abort, from what torchrun tells its workers (TORCHELASTIC_* variables)."""
-    left = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "").strip()
-    done = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
-    if left.isdigit() and done.isdigit() and int(left) > int(done):
-        return f"the launcher restarts the job (restart {int(done) + 1} of --max-restarts {left})"
-    return ("nothing restarts it (--max-restarts " + (left or "0") + "): fix or replace the culprit, then run the "
-            "same command again; it resumes from the last checkpoint")
-
-
-def write_error_file(message: str, verdict: dict[str, Any] | None) -> None:
-    """torchrun's per-worker error file, if it gave one; best effort (the exit goes on regardless)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "").strip()
-    if not path:
-        return
-    when = verdict.get("time") if isinstance(verdict, dict) else None
-    stamp = int(when) if isinstance(when, int | float) and math.isfinite(when) else int(time.time())
-    body = {"message": {"message": f"npudist hang verdict: {message}",
-                        "extraInfo": {"py_callstack": f"npudist: {message}", "timestamp": str(stamp)}}}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as fp:
-            json.dump(body, fp)
-    except OSError as exc:
-        log.debug("torchrun error file not written: %s", exc)
-

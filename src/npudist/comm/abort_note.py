@@ -1,0 +1,40 @@
+"""What an aborting rank leaves behind: the line that says what happens next, and torchrun's error file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Any
+
+log = logging.getLogger("npudist.comm")
+
+
+def restart_note() -> str:
+    """What happens after an abort, from what torchrun tells its workers (TORCHELASTIC_* variables)."""
+    left = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "").strip()
+    done = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
+    if left.isdigit() and done.isdigit() and int(left) > int(done):
+        return f"the launcher restarts the job (restart {int(done) + 1} of --max-restarts {left})"
+    return ("nothing restarts it (--max-restarts " + (left or "0") + "): fix or replace the culprit, then run the "
+            "same command again; it resumes from the last checkpoint")
+
+
+def write_error_file(message: str, verdict: dict[str, Any] | None) -> None:
+    """torchrun's per-worker error file, if it gave one; best effort (the exit goes on regardless)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "").strip()
+    if not path:
+        return
+    when = verdict.get("time") if isinstance(verdict, dict) else None
+    stamp = int(when) if isinstance(when, int | float) and math.isfinite(when) else int(time.time())
+    body = {"message": {"message": f"npudist hang verdict: {message}",
+                        "extraInfo": {"py_callstack": f"npudist: {message}", "timestamp": str(stamp)}}}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as fp:
+            json.dump(body, fp)
+    except OSError as exc:
+        log.debug("torchrun error file not written: %s", exc)
+
