@@ -106,7 +106,10 @@ def _refused(text: str, info: RankInfo, where: str) -> DistInitError:
     m = _REMOTE.search(text)
     peer = f"{m.group(1)}:{m.group(2)}" if m else "its published address"
     master = where.rsplit(":", 1)[0]
-    if m and network.is_loopback(m.group(1)) and not network.is_loopback(master):
+    # Only a job spread over several nodes can be sent to the wrong host by a loopback address: on one node
+    # every rank's loopback is the same, so a refusal there means the rank behind it is gone.
+    several_nodes = info.world_size > info.local_world_size
+    if m and several_nodes and network.is_loopback(m.group(1)) and not network.is_loopback(master):
         return DistInitError(
             f"rank {info.rank} of {info.world_size}: a peer advertised {peer}, a loopback address, so the "
             f"connection went to this host instead of the peer: a wrong-interface case, not a dead rank. Set "
