@@ -263,3 +263,12 @@ def test_hang_reports_are_not_written_through_symlinks_planted_in_the_run_dir(st
         path = run_dir / name
         assert not path.is_symlink() and json.loads(path.read_text())
     assert sorted(p.name for p in run_dir.iterdir()) == ["hang-attempt0.json", "hang-rank0.json"]  # no leftovers
+
+
+def test_the_dead_are_named_and_the_live_ranks_behind_with_them_are_held_back():
+    """A node lost with a collective in flight: ranks 2-3 do not answer, rank 1 (alive) is behind with them."""
+    records = {r: Record(r, seq=9, state="entered") for r in (0, 4, 5, 6)}
+    records.update({r: Record(r, seq=8, state="entered") for r in (1, 2, 3)})
+    v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0)
+    assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "stopped", "3": "stopped"}
+    assert v["abort_after_seconds"] == 0 and "rank(s) 1 answered but wait on them" in v["line"]

@@ -188,6 +188,13 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         probed=answered is not None, look=looks.get(r) if answered is not None and r in answered else None,
         process=processes.get(r), inside_passed=isinstance(records.get(r), Record) and records[r].state == "entered"
         and records[r].seq < found.top) for r in culprits}
+    # Where some are certainly dead, the live ones behind with them are waiting on them (a node lost with a
+    # collective in flight): the dead are named, the others listed as held back.
+    dead = [r for r in culprits if states[r] in (rank_states.GONE, rank_states.STOPPED)]
+    held = [r for r in culprits if r not in dead] if dead else []
+    if held:
+        culprits = dead
+        states = {r: states[r] for r in dead}
     inside = found.kind == "all_reached" and answered is not None and not culprits
     after = rank_states.abort_after([rank_states.STUCK] if inside else list(states.values()),
                                     stuck_s=stuck_s, busy_s=busy_s)
@@ -219,6 +226,8 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     busy_only = bool(states) and all(st in (rank_states.BUSY, rank_states.DECLARED) for st in states.values())
     line = (f"npudist {'busy' if busy_only else 'hang'}: no progress for {stalled_s:.1f} s (bound {bound_s:.1f} s); "
             f"ranks {_ranks(found.waiting) or 'none'} wait in {in_call}; {who_line}")
+    if held:
+        line += f"; rank(s) {_ranks(held)} answered but wait on them"
     if cause:
         line += f". Collective error: {cause}"
     line += _next(after, action, states, busy_s)
@@ -226,7 +235,7 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     return {"line": line, "kind": found.kind, "op": top_rec.op if top_rec else None, "seq": found.top,
             "waiting": found.waiting, "culprits": culprits, "not_reached": not_reached,
             "reached": sorted(r for r in records if r not in not_reached), "culprit_ranks": per_rank,
-            "states": {str(r): st for r, st in states.items()}, "abort_after_seconds": after,
+            "states": {str(r): st for r, st in states.items()}, "abort_after_seconds": after, "held_back": held,
             "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "cause": cause or None,
             "ranks": {str(r): _as_json(records[r]) for r in culprits}}
 

@@ -17,8 +17,9 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
-IFNAME_VARS: Mapping[str, str] = {
+IFNAME_VARS: Mapping[str, str] = MappingProxyType({
     # gloo: comma list of names (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, GLOO_SOCKET_IFNAME).
     "GLOO_SOCKET_IFNAME": "name",
     # NCCL: prefix list, '=' for exact (docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html).
@@ -26,11 +27,11 @@ IFNAME_VARS: Mapping[str, str] = {
     # HCCL: HCCL_IF_IP wins over HCCL_SOCKET_IFNAME (CANN env var reference, "HCCL_IF_IP").
     "HCCL_SOCKET_IFNAME": "name",
     "HCCL_IF_IP": "address",
-}
+})
 """Each backend's interface variable and what it is set to: the name, '=' + name, or the address."""
 
-BACKEND_VAR: Mapping[str, str] = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME",
-                                  "hccl": "HCCL_IF_IP", "cncl": "CNCL_SOCKET_IFNAME"}
+BACKEND_VAR: Mapping[str, str] = MappingProxyType({"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME",
+                                  "hccl": "HCCL_IF_IP", "cncl": "CNCL_SOCKET_IFNAME"})
 
 
 class NetworkError(RuntimeError):
