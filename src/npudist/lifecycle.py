@@ -219,11 +219,11 @@ ARRIVAL_POLL_S = 2.0
 def _all_arrived(store: dist.Store, world_size: int, timeout: timedelta) -> None:
     """Wait, in Python, until every rank has reached init().
 
-    init_process_group waits for the missing ranks inside C++, where no Python signal handler runs: a
-    Ctrl-C while a rank was late (loading data, compiling) went unanswered until torchrun killed the ranks
-    30 s later, and the script could not say where it stopped. All ranks are present once this returns,
-    so what init_process_group then waits for is short. One counter and one key per restart attempt (the
-    store is prefixed by _attempt_store); ``check`` does not block, so no timed-out wait is logged.
+    Rule: a rank must stay interruptible (Ctrl-C, SIGTERM) while late peers load or compile, and
+    init_process_group waits for them inside C++, where Python's signal handlers cannot run. All ranks are
+    present once this returns, so what init_process_group then waits for is short. One counter and one key
+    per restart attempt (the store is prefixed by _attempt_store); ``check`` does not block, so no timed-out
+    wait is logged.
     """
     if store.add("arrived", 1) == world_size:
         store.set("all_arrived", "1")
