@@ -12,9 +12,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from npudist.comm import hang, watchdog
+from npudist.comm import hang, main_thread, watchdog
 from npudist.comm.hang import ProgressTracker, judge, suspects
 from npudist.comm.hang_reader import HangReader
+from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import Record, Watchdog
 
 
@@ -235,11 +236,27 @@ def test_rank_0_behind_is_judged_by_its_own_reader_without_a_store_probe(store, 
     ranks = [_watchdog(r, client) for r in range(3)]
     reader = HangReader(ranks[0], 3, sleep=lambda s: pytest.fail("no probe needed"))
     _one_behind(ranks, 0, "broadcast")
+    ranks[0].done(ranks[0].record.seq)  # it left call 1 too, and is late for call 2 (not inside a passed call)
+    ranks[0]._publish()
     reader._judge(reader.read(), 12.0, "")
     verdict = reader.verdict
     assert verdict["culprits"] == [0] and verdict["culprit_ranks"]["0"]["alive"] is True
     assert "rank(s) 0 never reached it" in verdict["line"] and "broadcast #2" in verdict["line"]
     assert client.calls["add"] == 0
+
+
+def test_a_live_rank_left_inside_a_call_has_the_ranks_ahead_looked_at_before_it_is_blamed(store, monkeypatch):
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    client = CountingStore(store.clone())
+    ranks = [_watchdog(r, client) for r in range(3)]
+    asleep = Look(stack='  File "train.py", line 3, in step\n', cpu_s=0.0, span_s=0.5)
+    monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: asleep)
+    reader = HangReader(ranks[0], 3, sleep=lambda s: ranks[1]._poll() or ranks[2]._poll())
+    _one_behind(ranks, 0, "broadcast")
+    reader._judge(reader.read(), 12.0, "")
+    verdict = reader.verdict
+    assert verdict["culprits"] == [0] and verdict["states"] == {"0": "out_of_order"}  # the others answered
+    assert client.calls["add"] > 0
 
 
 def test_a_job_that_moves_during_the_probe_was_slow_not_hung(store, monkeypatch):

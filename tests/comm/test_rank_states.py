@@ -272,3 +272,37 @@ def test_the_dead_are_named_and_the_live_ranks_behind_with_them_are_held_back():
     v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0)
     assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "stopped", "3": "stopped"}
     assert v["abort_after_seconds"] == 0 and "rank(s) 1 answered but wait on them" in v["line"]
+
+
+def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(store, monkeypatch, tmp_path):
+    """A node lost just after its ranks' records moved past the call the live node still waits in (a 2 + 2
+    split, so the live ranks look like the odd ones below): the silent ranks ahead are named, not the live."""
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    client = CountingStore(store.clone())
+    ranks = []
+    for r in range(4):
+        wd = Watchdog(hang_action="abort", run_dir=str(tmp_path))
+        wd.record = Record(rank=r)
+        wd._store = client
+        wd._abort = lambda message, verdict=None: None
+        ranks.append(wd)
+    monkeypatch.setattr(watchdog, "look_at_main", lambda busy, wait: ASLEEP)
+    monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: ASLEEP)
+    clock = [time.time()]
+    reader = HangReader(ranks[0], 4, clock=lambda: clock[0], sleep=lambda s: ranks[1]._poll())  # 2, 3 are dead
+    for _ in range(3):
+        for wd in ranks:
+            wd.done(wd.enter("all_reduce", 8))
+            wd.step_started()
+            wd._publish()
+        clock[0] += 1.0
+        assert reader.tick() is None
+    for wd in ranks:
+        seq = wd.enter("all_reduce", 8)
+        if wd.record.rank >= 2:  # finished it and entered the next one, then the node died
+            wd.done(seq)
+            wd.enter("all_reduce", 8)
+        wd._publish()
+    v = next(v for v in _run(reader, clock, 30) if v is not None)
+    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"stopped"}, v["line"]
+    assert v["abort_after_seconds"] == 0 and "rank(s) 2, 3 " in v["line"]

@@ -196,9 +196,26 @@ class HangReader:
                 looks[r] = rank_states.parse_look(raw)
         return answered, looks
 
+    def _ahead_dead(self, records: Records, found: hang.Suspects, answered: set[int],
+                    looks: dict[int, Look]) -> tuple[hang.Suspects, set[int], dict[int, Look]]:
+        """Live suspects that wait inside a call the others have left are out of order only if the others are
+        alive: a rank that dies just after its record moved on (a lost node) leaves the live ones inside the
+        call it never finished. The ranks ahead are then looked at too, and the silent ones are the culprits."""
+        inside = [r for r in found.ranks if r in answered and isinstance(records.get(r), watchdog.Record)
+                  and records[r].state == "entered" and records[r].seq < found.top]
+        if found.kind != "behind" or not inside or set(found.ranks) - answered or not found.waiting:
+            return found, answered, looks
+        more, more_looks = self._probe(found.waiting)
+        if not set(found.waiting) - more:
+            return found, answered, looks
+        top = max(records[r].seq for r in inside)
+        return (hang.Suspects("all_reached", sorted({*found.ranks, *found.waiting}), top, sorted(inside)),
+                answered | more, {**looks, **more_looks})
+
     def _judge(self, records: Records, stalled: float, cause: str, recheck: bool = False) -> None:
         found = hang.suspects(records)
         answered, looks = self._probe(found.ranks)
+        found, answered, looks = self._ahead_dead(records, found, answered, looks)
         self._looked_at = self.clock()
         if recheck:
             # One more read after the probe: if any rank moved on meanwhile, the job was slow, not hung.
