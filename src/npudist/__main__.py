@@ -16,7 +16,7 @@ def _fail(message: str) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]npudist:[/] {escape(message)}")
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]npudist:[/] {escape(message)}")
     sys.exit(2)
 
 

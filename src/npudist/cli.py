@@ -51,7 +51,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path or command in a message stays whole, to copy
 
 
 def _version(value: bool) -> None:

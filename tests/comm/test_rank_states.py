@@ -7,6 +7,7 @@ looks at the main thread) are chosen by the test: running, asleep, declared busy
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -306,3 +307,49 @@ def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(st
     v = next(v for v in _run(reader, clock, 30) if v is not None)
     assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"stopped"}, v["line"]
     assert v["abort_after_seconds"] == 0 and "rank(s) 2, 3 " in v["line"]
+
+
+def test_a_loop_starved_of_cpu_on_a_loaded_host_is_busy_not_stuck():
+    """Load 10 on 2 cores: the evaluating rank gets ~5 % of a core but waits for one the rest of the time."""
+    starved = Look(stack="s", cpu_s=0.02, ready_s=0.45, span_s=0.5)
+    assert classify(out_of_order=False, closed=False, probed=True, look=starved) == "busy"
+    assert "waiting for one (a loaded host)" in rank_states.describe("busy", starved)
+    assert rank_states.parse_look(starved.to_json()) == starved
+
+
+def test_the_main_threads_run_delay_is_read_from_schedstat(tmp_path):
+    (tmp_path / "schedstat").write_text("328516 2455716000 2\n")
+    assert main_thread.main_ready_s(str(tmp_path / "schedstat")) == pytest.approx(2.455716)
+    for bad in ("", "x y z", "1\n"):
+        (tmp_path / "schedstat").write_text(bad)
+        assert main_thread.main_ready_s(str(tmp_path / "schedstat")) == 0.0
+    assert main_thread.main_ready_s(str(tmp_path / "missing")) == 0.0
+    if os.path.exists("/proc/thread-self/schedstat"):  # this host's kernel keeps it: the real file parses
+        assert main_thread.main_ready_s() >= 0.0
+
+
+def test_a_cpu_bound_main_thread_starved_by_other_processes_is_seen_running():
+    """Real processes: the main thread spins while 4 spinners per CPU share the cores; its look says busy."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(4 * (os.cpu_count() or 1))]
+    for p in spinners:
+        p.start()
+    look: list[Look] = []
+    t = threading.Thread(target=lambda: look.append(main_thread.look_at_main(None, time.sleep)))
+    try:
+        t.start()
+        deadline = time.monotonic() + 5
+        while t.is_alive() and time.monotonic() < deadline:
+            sum(i * i for i in range(2000))  # the main thread's "evaluation"
+        t.join()
+    finally:
+        for p in spinners:
+            p.kill()
+    assert classify(out_of_order=False, closed=False, probed=True, look=look[0]) == "busy", look[0]
+    assert look[0].run_ratio >= 0.5, look[0]
+
+
+def _spin() -> None:
+    while True:
+        pass

@@ -219,7 +219,7 @@ def collective(
             raise ValueError("--nproc, --blocks and --iters must be at least 1")
         size_list = sizes(parse_size(min_bytes), parse_size(max_bytes))
     except ValueError as exc:
-        Console(stderr=True).print(f"[bold red]npudist bench collective:[/] {exc}")
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]npudist bench collective:[/] {exc}")
         raise typer.Exit(2) from None
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
@@ -238,7 +238,7 @@ def collective(
             run_ranks(cmd, len(size_list), timeout, console, show=not as_json and not streaming,
                       on_row=on_row if streaming else None)
         except RuntimeError as exc:
-            Console(stderr=True).print(f"[bold red]npudist bench collective:[/] {exc}")
+            Console(stderr=True, soft_wrap=True).print(f"[bold red]npudist bench collective:[/] {exc}")
             raise typer.Exit(1) from None
         result = json.loads(Path(out).read_text())
     rows = summarise(result)
@@ -248,7 +248,8 @@ def collective(
             Path(out_file).parent.mkdir(parents=True, exist_ok=True)
             Path(out_file).write_text(document + "\n")
         except OSError as exc:
-            Console(stderr=True).print(f"[bold red]npudist bench collective:[/] --out {out_file}: {exc}")
+            Console(stderr=True, soft_wrap=True).print(
+                f"[bold red]npudist bench collective:[/] --out {out_file}: {exc}")
             raise typer.Exit(1) from None
     if as_json:
         typer.echo(document)

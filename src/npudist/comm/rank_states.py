@@ -20,8 +20,9 @@ from types import MappingProxyType
 SAMPLE_GAP_S = 0.5
 """Wall seconds between the two looks a probed rank takes at its main thread."""
 BUSY_CPU_RATIO = 0.1
-"""Main-thread CPU time over wall time, between the two looks, from which a rank is running: a Python loop
-gets most of a core even on a loaded host, a thread asleep or blocked in a system call gets ~0."""
+"""Main-thread time on or waiting for a CPU over wall time, between the two looks, from which a rank is
+running: a Python loop is on a CPU or in the run queue all the time however loaded the host (Linux
+schedstat's run delay counts the wait), a thread asleep or blocked in a system call gets ~0."""
 
 GONE, STOPPED, OUT_OF_ORDER, STUCK, BUSY, DECLARED = "gone", "stopped", "out_of_order", "stuck", "busy", "declared"
 UNPROBED = "unprobed"
@@ -48,12 +49,14 @@ STATES = MappingProxyType({s.name: s for s in (
     State(OUT_OF_ORDER, "it is inside another collective than the one the others wait in (a skipped call, "
           "another op or size), or waits inside one the others have left", "named; the job is aborted",
           "the verdict (~15 s)", "now"),
-    State(STUCK, "it answers, but between two looks its main thread used no CPU time and its stack did not "
+    State(STUCK, "it answers, but between two looks its main thread neither ran nor waited for a CPU and its "
+          "stack did not "
           "change, outside the others' collective (a deadlocked data loader, a hung file system call) - or "
           "every rank answers from inside the same collective",
           "named with its stack at the verdict; aborted if still no progress",
           "NPUDIST_STUCK_TIMEOUT, 300 s without progress", "stuck"),
-    State(BUSY, "it answers, and its main thread used CPU time or its stack changed between the two looks "
+    State(BUSY, "it answers, and its main thread ran or waited for a CPU, or its stack changed, between the "
+          "two looks "
           "(rank 0 evaluating, a synchronous checkpoint, a compile)",
           "reported once (where, how long); looked at again every 10 s; never aborted by npudist",
           "never (the collective timeout, 600 s by default, still ends the job); NPUDIST_BUSY_TIMEOUT if set",
@@ -71,6 +74,8 @@ class Look:
     stack: str
     cpu_s: float = 0.0
     """Main-thread CPU seconds used between the two looks."""
+    ready_s: float = 0.0
+    """Seconds it was runnable but waited for a CPU (a loaded host), between the two looks."""
     span_s: float = 0.0
     moved: bool = False
     """The two stacks differ."""
@@ -80,12 +85,17 @@ class Look:
     """Seconds inside that block."""
 
     def to_json(self) -> str:
-        return json.dumps({"stack": self.stack, "cpu_s": self.cpu_s, "span_s": self.span_s, "moved": self.moved,
-                           "busy": self.busy, "busy_s": self.busy_s})
+        return json.dumps({"stack": self.stack, "cpu_s": self.cpu_s, "ready_s": self.ready_s, "span_s": self.span_s,
+                           "moved": self.moved, "busy": self.busy, "busy_s": self.busy_s})
 
     @property
     def cpu_ratio(self) -> float:
         return self.cpu_s / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def run_ratio(self) -> float:
+        """On a CPU or waiting for one, over wall time."""
+        return (self.cpu_s + self.ready_s) / self.span_s if self.span_s > 0 else 0.0
 
 
 def parse_look(raw: bytes | str) -> Look:
@@ -103,7 +113,8 @@ def parse_look(raw: bytes | str) -> Look:
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else 0.0
 
     busy = doc.get("busy")
-    return Look(stack=doc["stack"], cpu_s=max(0.0, num("cpu_s")), span_s=max(0.0, num("span_s")),
+    return Look(stack=doc["stack"], cpu_s=max(0.0, num("cpu_s")), ready_s=max(0.0, num("ready_s")),
+                span_s=max(0.0, num("span_s")),
                 moved=doc.get("moved") is True, busy=busy[:200] if isinstance(busy, str) else "",
                 busy_s=max(0.0, num("busy_s")))
 
@@ -127,7 +138,7 @@ def classify(*, out_of_order: bool, closed: bool, probed: bool, look: Look | Non
         return STOPPED
     if look.busy:
         return DECLARED
-    if look.moved or look.cpu_ratio >= BUSY_CPU_RATIO:
+    if look.moved or look.run_ratio >= BUSY_CPU_RATIO:
         return BUSY
     return OUT_OF_ORDER if inside_passed else STUCK
 
@@ -145,10 +156,13 @@ def describe(state: str, look: Look | None, process: str | None = None) -> str:
     if state == DECLARED:
         return f"answered: declared busy in {look.busy!r} for {look.busy_s:.0f} s"
     if state == BUSY:
-        how = f"main thread at {100 * min(look.cpu_ratio, 1.0):.0f} % CPU" + (", stack moving" if look.moved else "")
+        how = f"main thread at {100 * min(look.cpu_ratio, 1.0):.0f} % CPU"
+        if look.ready_s / max(look.span_s, 1e-9) >= 0.05:
+            how += f", {100 * min(look.ready_s / look.span_s, 1.0):.0f} % waiting for one (a loaded host)"
+        how += ", stack moving" if look.moved else ""
         return f"answered: live and busy ({how})"
     if state == STUCK:
-        return f"answered: live but stuck (same stack, no CPU time over {look.span_s:.1f} s)"
+        return f"answered: live but stuck (same stack, neither on nor waiting for a CPU over {look.span_s:.1f} s)"
     if state == OUT_OF_ORDER:
         return "answered: live, but out of order (it waits in a collective the others are not in)"
     return state

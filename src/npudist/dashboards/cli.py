@@ -12,7 +12,7 @@ from rich.markup import escape
 from npudist.dashboards.rules import RUNBOOK_URL, runbook_url_problem
 
 app = typer.Typer(no_args_is_help=True, help="Grafana dashboards and Prometheus rules for npudist metrics.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path or command in a message stays whole, to copy
 
 
 @app.command("export", help="Write grafana/*.json, prometheus/{rules,prometheus}.yml and Grafana provisioning.")

@@ -12,7 +12,7 @@ from rich.console import Console
 from npudist._version import __version__
 
 app = typer.Typer(no_args_is_help=True, help="Generate cluster deployments: Kubernetes manifests or a Slurm job.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path or command in a message stays whole, to copy
 DEFAULT_IMAGE = f"npudist:{__version__}"
 
 Out = Annotated[Path, typer.Option("--out", help="Folder to write into (created; files replaced).")]

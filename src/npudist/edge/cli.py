@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(no_args_is_help=True, help="Rockchip NPU models: convert to .rknn and check their accuracy.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path or command in a message stays whole, to copy
 
 
 class SpecError(ValueError):

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path or command in a message stays whole, to copy
 
 
 def _bf16_refused(profile: str) -> bool:
