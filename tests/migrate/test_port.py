@@ -56,6 +56,12 @@ def test_each_device_form_is_ported(cuda: str, ported: str) -> None:
     assert "cuda" not in out.replace("torch.cuda.amp", "")
 
 
+def test_a_gated_sync_batchnorm_is_not_ported_twice() -> None:
+    once = _fix("import torch.nn as nn\nm = nn.SyncBatchNorm.convert_sync_batchnorm(m)\n").code
+    assert "npudist.accelerator().device_type" in once
+    assert apply(analyse(once)).code == once and not analyse(once).findings
+
+
 def test_set_device_group_and_device_fold_into_one_ctx_keeping_the_layout() -> None:
     out = _fix('''
         import os

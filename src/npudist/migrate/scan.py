@@ -169,6 +169,9 @@ class _Visitor(cst.CSTVisitor):
             rule = "bf16-collective" if self._bf16_refused else "direct-collective"
             self._add(rule, node, detail=name.rsplit(".", 1)[1])
         elif name.rsplit(".", 1)[-1] == "convert_sync_batchnorm" or name in _SYNC_BATCHNORM:
+            parent = self.get_metadata(ParentNodeProvider, node)
+            if isinstance(parent, cst.IfExp) and "device_type" in cst.Module([]).code_for_node(parent.test):
+                return True  # already gated on an accelerator (what fix writes)
             model = nth_arg(0, node)
             plain = model is not None and len(node.args) == 1 and dotted(model.value)
             fix = sync_batchnorm if plain and name.endswith("convert_sync_batchnorm") else None
