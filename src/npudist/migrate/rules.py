@@ -57,7 +57,7 @@ _RULES = (
          "dt = npudist.accelerator().device_type\nscaler = torch.amp.GradScaler(dt, enabled=False)\n"
          "with torch.autocast(dt, enabled=False):\n    loss = model(x).sum()\n"
          "scaler.scale(loss).backward()\nwith torch.autocast(dt, dtype=torch.bfloat16):\n    y = model(x)\n"
-         "assert y.dtype == torch.bfloat16 and torch.log_softmax(y, 1).dtype == torch.float32\n"
+         "assert y.dtype == torch.bfloat16\n"
          "scaler = torch.amp.GradScaler(dt)\nscaler.scale(y.float().sum()).backward()"),
     Rule("cuda-api", "error",
          "a torch.cuda call with no meaning on another device type: it raises there",
