@@ -39,6 +39,11 @@ PROBES: dict[str, list[tuple[str, str]]] = {
                             "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)", "")],
     "pin-memory": [("list(torch.utils.data.DataLoader([torch.ones(2)], pin_memory=True))", "cost")],
     "pin-memory-call": [("torch.zeros(2).pin_memory()", "")],
+    # raises only in a job (a process group started), as a training script runs it
+    "sync-batchnorm": [("import torch.distributed as dist\n"
+                        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+                        "try:\n    torch.nn.SyncBatchNorm(4).train()(torch.randn(8, 4))\n"
+                        "finally:\n    dist.destroy_process_group()", "")],
     "vendor-locked": [("torch.zeros(2).npu()", ""), ("torch.npu.synchronize()", "")],
 }
 DOCUMENTED = {

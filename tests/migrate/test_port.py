@@ -41,12 +41,25 @@ def _fix(code: str):
     ("with torch.cuda.amp.autocast(use_amp):\n    pass",
      "with torch.autocast(npudist.accelerator().device_type, enabled=use_amp):\n    pass"),
     ("m = DDP(model, device_ids=[r], **kw)", "m = npudist.ddp(model, **kw)"),
+    ("with torch.autocast('cuda', enabled=use_amp):\n    pass",
+     "with torch.autocast(npudist.accelerator().device_type, enabled=use_amp):\n    pass"),
+    ("b = torch.cuda.max_memory_allocated(0)", "b = npudist.accelerator().max_memory_allocated(0)"),
+    ("torch.cuda.reset_peak_memory_stats()", "npudist.accelerator().reset_peak_memory_stats()"),
+    ("e = torch.cuda.Event(enable_timing=True)", "e = npudist.accelerator().event(enable_timing=True)"),
+    ("m = nn.SyncBatchNorm.convert_sync_batchnorm(m)",
+     'm = ((nn.SyncBatchNorm.convert_sync_batchnorm(m)) if npudist.accelerator().device_type != "cpu" else m)'),
 ])
 def test_each_device_form_is_ported(cuda: str, ported: str) -> None:
     head = "import torch\nimport torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
     out = _fix(head + cuda + "\n").code
     assert ported in out, out
     assert "cuda" not in out.replace("torch.cuda.amp", "")
+
+
+def test_a_gated_sync_batchnorm_is_not_ported_twice() -> None:
+    once = _fix("import torch.nn as nn\nm = nn.SyncBatchNorm.convert_sync_batchnorm(m)\n").code
+    assert "npudist.accelerator().device_type" in once
+    assert apply(analyse(once)).code == once and not analyse(once).findings
 
 
 def test_set_device_group_and_device_fold_into_one_ctx_keeping_the_layout() -> None:
@@ -135,3 +148,33 @@ def test_fixed_idioms_train_as_one_world_of_two(tmp_path: Path, simulate: str | 
         assert float(last) < float(first) / 2
         assert float(total) == pytest.approx(2 * float(last), abs=2e-3)  # all_reduce over 2 ranks, not 1
         assert probe == "True"  # "cuda" if is_available else "cpu" picked this rank's device type
+
+
+AMP_TIMING = REPO / "tests" / "migrate" / "corpus" / "idioms" / "amp_timing.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
+def test_fixed_amp_events_and_allocator_stats_run_on_two_ranks(tmp_path: Path, simulate: str | None) -> None:
+    """autocast(enabled=True) in both spellings, GradScaler, events' elapsed_time and the allocator counters,
+    ported: bf16 matmuls and float32 losses (autocast's lists), time between events, bytes on the device."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "amp_timing.py").write_text(AMP_TIMING.read_text())
+    r = run_npudist(["migrate", "fix", "--write", "amp_timing.py"], cwd=work, env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert "torch.cuda" not in (work / "amp_timing.py").read_text().split('"""', 2)[2]  # the code, not the docstring
+    sim = ["--simulate", simulate] if simulate else []
+    r = run_npudist(["launch", *sim, "--nproc-per-node", "2", "amp_timing.py"], cwd=work, env=child_env(),
+                    timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    rows = re.findall(r"rank (\d) autocast (\S+) (\S+) loss (\S+) ms ([\d.]+) allocated (\d+) peak (\d+) "
+                      r"reserved (\d+)", r.stdout)
+    assert sorted(row[0] for row in rows) == ["0", "1"], r.stdout
+    for _, out, probe, loss, ms, allocated, peak, reserved in rows:
+        assert (out, probe, loss) == ("torch.bfloat16", "torch.bfloat16", "torch.float32")
+        assert float(ms) > 0
+        if simulate:  # the simulated device's memory is counted; the model and batch are on it
+            assert 0 < int(allocated) <= int(peak) <= int(reserved)
+        else:  # no accelerator: no accelerator bytes, not the host's
+            assert (allocated, peak, reserved) == ("0", "0", "0")

@@ -49,6 +49,7 @@ CASES = [
     ("cuda-env", 'os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")',
      'os.environ.setdefault("ASCEND_LAUNCH_BLOCKING", "1")'),
     ("vendor-locked", "m = model.npu()", "m = model.to(ctx.device)"),
+    ("sync-batchnorm", "m = torch.nn.SyncBatchNorm.convert_sync_batchnorm(m)", "m = torch.nn.BatchNorm1d(4)"),
     ("vendor-locked", "torch.npu.synchronize()", "npudist.accelerator().synchronize()"),
     ("vendor-locked", "import torch_npu\ntorch_npu.npu.set_device(0)", "import torch_npu\nx = 1"),
 ]

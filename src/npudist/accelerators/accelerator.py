@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 
+from npudist.accelerators.host_event import HostEvent
 from npudist.accelerators.vendors import Vendor
+from npudist.runtime import compat
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,52 @@ class Accelerator:
             return
         self._module().synchronize(index)
 
+    # The allocator counters a script reads as torch.cuda.<name>(device): bytes of accelerator memory, so 0 where
+    # there is no accelerator (CPU, RK3588's gloo row), never the host's memory.
+    def memory_allocated(self, device: int | torch.device | None = None) -> int:
+        return self._allocator("memory_allocated", device)
+
+    def max_memory_allocated(self, device: int | torch.device | None = None) -> int:
+        return self._allocator("max_memory_allocated", device)
+
+    def memory_reserved(self, device: int | torch.device | None = None) -> int:
+        return self._allocator("memory_reserved", device)
+
+    def max_memory_reserved(self, device: int | torch.device | None = None) -> int:
+        return self._allocator("max_memory_reserved", device)
+
+    def reset_peak_memory_stats(self, device: int | torch.device | None = None) -> None:
+        if self.device_type != "cpu":
+            self._allocator_call("reset_peak_memory_stats")(_index(device))
+
+    def empty_cache(self) -> None:
+        if self.device_type != "cpu":
+            self._allocator_call("empty_cache")()
+
+    def event(self, enable_timing: bool = False, **kwargs: bool) -> Any:
+        """The vendor's event (torch.cuda/npu/mlu.Event): ``record()``, ``synchronize()``,
+        ``elapsed_time(end)`` in milliseconds. On CPU a host-clock event, exact because CPU ops run when
+        issued (torch.Event refuses the CPU: "cpu backend doesn't support events")."""
+        if self.device_type == "cpu":
+            return HostEvent(enable_timing)
+        make = getattr(self._module(), "Event", None)
+        if make is None:
+            raise RuntimeError(f"torch.{self.device_type} has no Event: time with time.perf_counter() around "
+                               "npudist.accelerator().synchronize()")
+        return make(enable_timing=enable_timing, **kwargs)
+
+    def _allocator(self, name: str, device: int | torch.device | None) -> int:
+        if self.device_type == "cpu":
+            return 0
+        return int(self._allocator_call(name)(_index(device)))
+
+    def _allocator_call(self, name: str) -> Any:
+        call = getattr(self._module(), name, None)
+        if call is None:
+            raise RuntimeError(f"{self.name}: torch.{self.device_type} has no {name}() on torch {torch.__version__}"
+                               f"; read npudist.accelerator().memory_stats() instead")
+        return call
+
     def memory_stats(self, index: int | None = None) -> dict[str, int]:
         """Allocator bytes ``{"allocated_bytes", "reserved_bytes"}``; empty where the vendor has none."""
         if self.device_type == "cpu":
@@ -104,6 +153,11 @@ class Accelerator:
             "allocated_bytes": int(mod.memory_allocated(index)),
             "reserved_bytes": int(mod.memory_reserved(index)),
         }
+
+
+def _index(device: int | torch.device | None) -> int | None:
+    """torch.cuda's allocator calls take an index or a device; the vendor modules agree on an index."""
+    return device.index if isinstance(device, torch.device) else device
 
 
 class _AcceleratorModule:
@@ -123,3 +177,13 @@ class _AcceleratorModule:
 
     def synchronize(self, index: int | None = None) -> None:
         self._acc.synchronize(index)
+
+    def __getattr__(self, name: str) -> Any:
+        # torch.accelerator's allocator counters (memory_allocated ... empty_cache), where this torch has them
+        if name in _ALLOCATOR_CALLS and compat.has("accelerator_memory"):
+            return getattr(self._acc, name)
+        raise AttributeError(name)
+
+
+_ALLOCATOR_CALLS = frozenset({"memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                              "reset_peak_memory_stats", "empty_cache"})

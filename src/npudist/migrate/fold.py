@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npudist.migrate.scan import BACKEND, DEVICE, SET_DEVICE_MARK
+from npudist.migrate.rewrites import BACKEND, DEVICE, SET_DEVICE_MARK
 
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 

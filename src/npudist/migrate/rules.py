@@ -37,14 +37,18 @@ _RULES = (
                "on_accelerator = acc.device_type != 'cpu'\nassert acc.device() == ctx.device"),
     Rule("cuda-memory-api", "warning",
          "torch.cuda memory statistics read CUDA's allocator: 0 (silently) on other devices",
-         "npudist.accelerator().memory_stats() ({} on CPU; allocated/reserved bytes on the device)", False,
-         "stats = npudist.accelerator().memory_stats()\nassert set(stats) <= {'allocated_bytes', 'reserved_bytes'}"),
+         "npudist.accelerator().memory_allocated / max_memory_allocated / memory_reserved / max_memory_reserved / "
+         "empty_cache (the vendor's allocator; 0 on CPU); memory_stats() for a vendor-neutral dict", True,
+         "acc = npudist.accelerator()\nacc.reset_peak_memory_stats()\nbig = torch.ones(1024, device=ctx.device)\n"
+         "assert acc.max_memory_allocated() >= acc.memory_allocated() >= 0\n"
+         "assert acc.max_memory_reserved() >= acc.memory_reserved() >= 0\nacc.empty_cache()\n"
+         "stats = acc.memory_stats()\nassert set(stats) <= {'allocated_bytes', 'reserved_bytes'}"),
     Rule("cuda-streams", "error",
          "torch.cuda streams and events exist only on CUDA: constructing one raises",
-         "time with time.perf_counter() around npudist.accelerator().synchronize(); "
-         "npudist.accelerator().synchronize() to wait for the device", False,
-         "import time\nt0 = time.perf_counter()\ny = x * 2\nnpudist.accelerator().synchronize()\n"
-         "assert time.perf_counter() - t0 >= 0"),
+         "npudist.accelerator().event(enable_timing=True) (the vendor's event; the host clock on CPU); streams: "
+         "npudist.accelerator().synchronize() to wait for the device", True,
+         "acc = npudist.accelerator()\nstart, end = acc.event(enable_timing=True), acc.event(enable_timing=True)\n"
+         "start.record()\ny = x @ x\nend.record()\nacc.synchronize()\nassert start.elapsed_time(end) >= 0"),
     Rule("cuda-amp", "warning",
          "torch.cuda.amp autocasts and scales for CUDA only: off CUDA it disables itself with a warning and "
          "trains in float32 (deprecated since torch 2.4)",
@@ -52,10 +56,13 @@ _RULES = (
          "npudist.accelerator().device_type", True,
          "dt = npudist.accelerator().device_type\nscaler = torch.amp.GradScaler(dt, enabled=False)\n"
          "with torch.autocast(dt, enabled=False):\n    loss = model(x).sum()\n"
-         "scaler.scale(loss).backward()"),
+         "scaler.scale(loss).backward()\nwith torch.autocast(dt, dtype=torch.bfloat16):\n    y = model(x)\n"
+         "assert y.dtype == torch.bfloat16\n"
+         "scaler = torch.amp.GradScaler(dt)\nscaler.scale(y.float().sum()).backward()"),
     Rule("cuda-api", "error",
          "a torch.cuda call with no meaning on another device type: it raises there",
-         "npudist.accelerator() (device(), device_count(), synchronize(), memory_stats()), or drop the call",
+         "npudist.accelerator() (device(), device_count(), synchronize(), reset_peak_memory_stats(), "
+         "memory_stats()), or drop the call",
          False, "print(npudist.accelerator().device(), npudist.accelerator().device_count())"),
     Rule("cuda-no-op", "warning",
          "a torch.cuda call that answers without CUDA but wrongly: seeds nothing, reports no bf16",
@@ -130,6 +137,14 @@ _RULES = (
          "a CUDA runtime variable is ignored by the other vendors' runtimes (silently)",
          "the counterpart listed in the finding (PYTORCH_NPU_ALLOC_CONF, ASCEND_LAUNCH_BLOCKING)", False,
          "os.environ.setdefault('PYTORCH_NPU_ALLOC_CONF', 'expandable_segments:True')"),
+    Rule("sync-batchnorm", "error",
+         "torch's SyncBatchNorm refuses CPU tensors ('SyncBatchNorm expected input tensor to be on GPU or XPU or "
+         "privateuseone'): a CPU or RK3588 (gloo) rank raises in its first forward",
+         "SyncBatchNorm.convert_sync_batchnorm(model) if npudist.accelerator().device_type != 'cpu' else model "
+         "(batch statistics per rank on CPU)", True,
+         "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).to(ctx.device)\n"
+         "m = torch.nn.SyncBatchNorm.convert_sync_batchnorm(m) if npudist.accelerator().device_type != 'cpu' else m\n"
+         "m(x).sum().backward()"),
     Rule("vendor-locked", "error",
          "torch_npu-only code (.npu(), torch.npu.*, torch_npu.*): raises wherever torch_npu is absent "
          "(CPU CI, GPUs, MLUs, RK3588 boards)",

@@ -52,6 +52,9 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "dcp_async_save": Feature((2, 3), "torch.distributed.checkpoint.async_save"),
     "custom_op": Feature((2, 4), "torch.library.custom_op and register_fake"),
     "accelerator": Feature((2, 6), "torch.accelerator"),
+    # Measured: torch.accelerator.memory_allocated ... empty_cache present on 2.13 and 2.15, absent on 2.1.2;
+    # 2.6-2.12 were not measured, so they count as without (npudist then asks the vendor's device module).
+    "accelerator_memory": Feature((2, 13), "torch.accelerator.memory_allocated / memory_reserved / empty_cache"),
     "ddp_init_sync": Feature((2, 7), "DistributedDataParallel(init_sync=)"),
     # Measured: async_save of CPU tensors returned before copying them on 2.5.1 (the checkpoint held
     # values changed after save() returned); correct on 2.8.0.

@@ -52,7 +52,7 @@ def install(mode: str = "npu", chips: int = 8) -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     from npudist.comm.constraints import PROFILES
-    from npudist.sim import hccl, host_memory, serialization
+    from npudist.sim import autocast, hccl, host_memory, serialization
     from npudist.sim.device import SimDeviceModule
     from npudist.sim.state import SIM
     from npudist.sim.tensor import DEVICE_TYPE, register_allocation_kernels
@@ -70,6 +70,8 @@ def install(mode: str = "npu", chips: int = 8) -> None:
     SIM.library = torch.library.Library("aten", "IMPL")
     register_allocation_kernels(SIM.library)
     host_memory.register(SIM.library)
+    autocast.register(SIM.library)
+    SIM.autocast_fallthrough = autocast.fallthrough()
     hccl.register(PROFILES[row])
     serialization.register()
     SIM.row = row

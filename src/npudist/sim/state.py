@@ -76,6 +76,8 @@ class SimState:
     """The constraint row the simulated ``hccl`` enforces; None until the simulation is installed."""
     library: Any = None
     """The torch.library registration of the allocation kernels (kept alive here)."""
+    autocast_fallthrough: Any = None
+    """The ``_`` library letting unlisted ops pass autocast (sim/autocast.py; kept alive here)."""
 
 
 SIM = SimState()
