@@ -149,8 +149,11 @@ def announce(args: argparse.Namespace, rank: int, step: int) -> None:
 
 
 def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
-    """--fault at its place in the step: ``where`` is start, backward or end."""
+    """--fault at its place in the step: ``where`` is start, backward or end; in torchrun's first attempt
+    only, so a restarted job runs past the step that failed."""
     if args.fault is None or rank != args.fault_rank or step != args.fault_step:
+        return
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
     at = {"stall": "start", "sleep": "backward", "sigstop": "end", "sigkill": "end"}.get(args.fault)
     if at != where:
