@@ -108,3 +108,27 @@ def test_closing_leaves_no_thread_or_port(runtime):
     assert not {t.name for t in threading.enumerate()} - before
     with pytest.raises(OSError):
         request(address, {"op": "list", "owner": 0, "world": 1}, timeout=5)
+
+
+def test_the_exporter_shows_the_copy_s_age_size_blocking_time_and_recoveries(runtime, tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
+
+    with serving("127.0.0.1") as server:
+        p = _sender(server.address)
+        for step in range(1, 8):
+            if p.due(step):
+                _snap(p, step)
+        peer_mod.restore(tmp_path, p)  # from memory: step 5
+        p.due(7)
+        registry = CollectorRegistry()
+        registry.register(CheckpointCollector(CollectorHealth(), ["0", "0", "n0", "cpu", "0"]))
+        text = generate_latest(registry).decode()
+    rank = 'chip="0",device="cpu",local_rank="0",node="n0",rank="0"'  # the exposition sorts labels
+    assert f"npudist_peer_snapshot_age_steps{{{rank}}} 2.0" in text  # step 7, copy of step 5
+    assert f"npudist_peer_snapshot_bytes{{{rank}}} {float(p.stats.bytes)}" in text and p.stats.bytes > 0
+    assert f'npudist_recoveries_total{{{rank},source="local-memory"}} 1.0' in text
+    assert f'npudist_recoveries_total{{{rank},source="disk"}} 0.0' in text
+    assert "npudist_peer_snapshot_blocking_seconds_total" in text

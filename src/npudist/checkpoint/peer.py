@@ -51,6 +51,8 @@ class PeerStats:
     blocking_seconds: float = 0.0
     """Total time snapshot() held the training loop (staging, and waiting for the previous send)."""
     failures: int = 0
+    age_steps: int = 0
+    """Steps the training loop ran since the newest copy the partner's holder accepted (all of them if none)."""
     recoveries: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
 
 
@@ -77,9 +79,19 @@ class PeerSnapshots:
         self._lock = threading.Lock()
         self._sent = threading.Event()
         self._sent.set()
+        self._step = self._start = 0
 
     def due(self, step: int) -> bool:
+        """Whether ``step`` is a snapshot step; called every step, it also keeps the copy's age in steps."""
+        self._step = step
         return step % self.every == 0
+
+    def snapshot_stats(self) -> PeerStats:
+        with self._lock:
+            s = self.stats
+            base = s.last_step if s.last_step >= 0 else self._start
+            return PeerStats(s.snapshots, s.last_step, s.bytes, s.blocking_seconds, s.failures,
+                             max(0, self._step - base), dict(s.recoveries))
 
     def snapshot(self, state: Any, step: int) -> float:
         """Stage ``state`` now and send it to the partner's holder in the background; returns the seconds
@@ -144,6 +156,7 @@ def restore(run_dir: str | os.PathLike | None, peer: PeerSnapshots | None, *,
         found = _from_memory(peer, disk_top)
         if found is not None:
             peer.stats.recoveries[found.source] += 1
+            peer._step = peer._start = found.step
             return found
     loaded = load_latest(run_dir, allow_simulated=allow_simulated) if run_dir else None
     if loaded is None:
@@ -152,6 +165,7 @@ def restore(run_dir: str | os.PathLike | None, peer: PeerSnapshots | None, *,
     why = "no in-memory copy held by every rank" if peer is not None else "peer snapshots are off"
     if peer is not None:
         peer.stats.recoveries["disk"] += 1
+        peer._step = peer._start = step
     return Restored(state, step, "disk", f"resume: source=disk step={step} run_dir={run_dir} ({why})")
 
 

@@ -55,6 +55,8 @@ class CheckpointStats:
     waits: int
     """Saves that had to wait for the previous background write to finish."""
     failures: int
+    peer: Any = None
+    """The in-memory peer snapshots' PeerStats (peer.py), when they are on."""
 
 
 class _Hist:
@@ -189,7 +191,7 @@ class CheckpointWriter:
         with self._lock:
             return CheckpointStats(self._snapshot.snapshot(), self._write.snapshot(), self._bytes,
                                    int(self._job is not None and not self._job.done()), self._waits,
-                                   self._failures)
+                                   self._failures, self.peer.snapshot_stats() if self.peer is not None else None)
 
     def host_copy(self, state: Any) -> Any:
         """A copy of ``state`` that training can no longer change: device tensors copied into host buffers
