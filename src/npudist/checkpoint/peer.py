@@ -51,6 +51,8 @@ class PeerStats:
     blocking_seconds: float = 0.0
     """Total time snapshot() held the training loop (staging, and waiting for the previous send)."""
     failures: int = 0
+    skipped: int = 0
+    """Snapshots not taken because the previous copy was still being sent."""
     age_steps: int = 0
     """Steps the training loop ran since the newest copy the partner's holder accepted (all of them if none)."""
     recoveries: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
@@ -90,14 +92,21 @@ class PeerSnapshots:
         with self._lock:
             s = self.stats
             base = s.last_step if s.last_step >= 0 else self._start
-            return PeerStats(s.snapshots, s.last_step, s.bytes, s.blocking_seconds, s.failures,
+            return PeerStats(s.snapshots, s.last_step, s.bytes, s.blocking_seconds, s.failures, s.skipped,
                              max(0, self._step - base), dict(s.recoveries))
 
     def snapshot(self, state: Any, step: int) -> float:
         """Stage ``state`` now and send it to the partner's holder in the background; returns the seconds
         the caller was held. A failed send is logged and counted; training goes on (disk remains)."""
         began = time.perf_counter()
-        self._sent.wait()  # the staging buffers are reused: the previous copy must be serialised first
+        if not self._sent.is_set():
+            # The staging buffers are reused, so the previous copy must be sent first; a slow or unreachable
+            # holder must not hold training, so this snapshot is skipped (the copy ages) instead of waited for.
+            with self._lock:
+                self.stats.skipped += 1
+            log.warning("peer snapshot of step %d skipped: the previous copy is still being sent to %s", step,
+                        self.partner_holder)
+            return time.perf_counter() - began
         staged = self._staging.stage(state)
         self._sent.clear()
         writer().submit(lambda: self._send(staged, step))
