@@ -79,11 +79,13 @@ def main() -> None:
         load_latest(tmp)
         disk_s = time.perf_counter() - began
         nbytes = sender.stats.bytes
+        # A snapshot due while the previous copy is still being sent is skipped (counted), not waited for.
     npudist.shutdown()
     step_s = statistics.median(plain)
     print("RESULT " + json.dumps({
         "step_seconds_median": step_s, "snapshot_blocking_seconds_median": statistics.median(held),
         "blocking_over_step_ratio": statistics.median(held) / step_s, "copy_bytes": nbytes,
+        "snapshots_skipped": sender.stats.skipped,
         "restore_from_memory_seconds": memory_s, "restore_from_disk_seconds": disk_s,
         "restored_source": mem.source, "d_model": args.d_model, "layers": args.layers}), flush=True)
 
