@@ -149,8 +149,11 @@ def announce(args: argparse.Namespace, rank: int, step: int) -> None:
 
 
 def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
-    """--fault at its place in the step: ``where`` is start, backward or end."""
+    """--fault at its place in the step: ``where`` is start, backward or end; in torchrun's first attempt
+    only, so a restarted job runs past the step that failed."""
     if args.fault is None or rank != args.fault_rank or step != args.fault_step:
+        return
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
     at = {"stall": "start", "sleep": "backward", "sigstop": "end", "sigkill": "end"}.get(args.fault)
     if at != where:
@@ -259,22 +262,25 @@ def params_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer,
-           ctx: npudist.DistContext, allow_simulated: bool = False) -> tuple[int, float]:
-    """Load the newest good checkpoint into model and optimizer; (0, nan) when starting fresh."""
+def resume(run_dir: str | None, model: nn.Module, opt: torch.optim.Optimizer, ctx: npudist.DistContext,
+           peer: checkpoint.PeerSnapshots | None = None,
+           allow_simulated: bool = False) -> tuple[int, float, str | None]:
+    """Load the freshest copy every rank holds (an in-memory peer snapshot with `npudist launch
+    --peer-snapshots K`, else the newest good checkpoint) into model and optimizer; (0, nan, None) when
+    starting fresh, else (step, loss, where the state came from)."""
     try:
-        found = checkpoint.load_latest(run_dir, allow_simulated=allow_simulated) if run_dir else None
+        found = checkpoint.restore(run_dir, peer, allow_simulated=allow_simulated)
     except checkpoint.CheckpointError as exc:  # every rank reads the same manifest, so all stop here
         raise SystemExit(f"train_ddp.py: {exc}") from None
     if found is None:
-        return 0, math.nan
-    state, step = found
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
-    torch.set_rng_state(state["rng"])
+        return 0, math.nan, None
+    model.load_state_dict(found.state["model"])
+    opt.load_state_dict(found.state["optim"])
+    torch.set_rng_state(found.state["rng"])
     if ctx.is_main:
-        print(f"resumed from step={step} run_dir={run_dir}", flush=True)
-    return step, float(state["loss"])
+        print(f"resumed from step={found.step} run_dir={run_dir}", flush=True)
+        print(found.line, flush=True)
+    return found.step, float(found.state["loss"]), found.source
 
 
 def claim_run_dir(run_dir: str) -> checkpoint.RunDirLock | None:
@@ -331,7 +337,8 @@ def train(args: argparse.Namespace, at: Position) -> None:
     # Gradient buckets go through npudist.comm: adapted to the backend, numbered for hang diagnosis, counted.
     ddp = npudist.ddp(model, **NO_BUFFER_SYNC)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-    start, loss_value = resume(args.run_dir, model, opt, ctx, args.resume_simulated)
+    peer = checkpoint.peer_snapshots(ctx.rank, ctx.world_size, ctx.local_world_size)
+    start, loss_value, source = resume(args.run_dir, model, opt, ctx, peer, args.resume_simulated)
     at.step = start
     if start:
         hold(args, ctx.rank, "resume")
@@ -356,7 +363,7 @@ def train(args: argparse.Namespace, at: Position) -> None:
         npudist.comm.set_run_dir(args.run_dir)
     end_step = timer.step if timer else (lambda: None)
     # What `npudist report RUN_DIR` plots: RUN_DIR/metrics/rank{R}.jsonl
-    runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start) if args.run_dir else None
+    runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start, source) if args.run_dir else None
     began, step, saved = time.perf_counter(), start, None
     end_step()  # starts the first step's clock
     for step in range(start + 1, args.steps + 1):
@@ -388,6 +395,9 @@ def train(args: argparse.Namespace, at: Position) -> None:
                       f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
                       flush=True)
             window_start, window_samples = time.perf_counter(), 0
+        if peer is not None and peer.due(step):  # the state a disk checkpoint would hold, to the partner
+            peer.snapshot({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+                           "loss": float(loss.detach()), "rng": torch.get_rng_state()}, step)
         if args.run_dir and (step % args.checkpoint_every == 0 or step == args.steps):
             loss_value = float(loss.detach())
             first = saved is None

@@ -305,3 +305,13 @@ def test_cli_refuses_before_any_rank_starts(tmp_path):
                       env=child_env({"ASCEND_RT_VISIBLE_DEVICES": "0,1"}), timeout=120)
     assert out.returncode != 0 and "asks for 3 ranks" in out.stderr and "shows 2 devices" in out.stderr
     assert not marker.exists()
+
+
+def test_peer_snapshots_are_npudist_s_option_and_bad_values_are_refused():
+    p = plan(["--peer-snapshots", "5", "--peer-snapshot-bind", "10.0.0.7", "--nproc-per-node", "2", "t.py"], CPU, {})
+    assert (p.peer_snapshots, p.peer_bind) == (5, "10.0.0.7")
+    assert not any(t.startswith("--peer") for t in p.torchrun_argv)  # torchrun never sees them
+    assert plan(["--nproc-per-node", "2", "t.py"], CPU, {}).peer_snapshots is None
+    for bad in (["--peer-snapshots", "0"], ["--mpi", "--peer-snapshots", "5"]):
+        with pytest.raises(LaunchError, match="--peer-snapshots"):
+            plan([*bad, "t.py"], CPU, {"RANK": "0", "WORLD_SIZE": "1"})

@@ -54,6 +54,9 @@ class LaunchPlan:
     """The training script's path, checked before anything starts (None for -m MODULE and --no-python)."""
     notes: list[str] = field(default_factory=list)
     """What launch chose for the user and why, printed once to stderr before the ranks start."""
+    peer_snapshots: int | None = None
+    """Steps between in-memory peer snapshots (--peer-snapshots); this process then serves the node's holder."""
+    peer_bind: str = "127.0.0.1"
 
 
 USAGE = "npudist launch [npudist options] [torchrun options] SCRIPT [ARGS...]"
@@ -95,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument("--simulate", default=None, metavar="|".join(SIMULATE_MODES),
                        help="run every rank on the simulated Ascend NPU (npudist.sim) with a simulated hccl; "
                        "npu:strict also enforces the hccl-strict rules. `import torch_npu` loads the simulation")
+    group.add_argument("--peer-snapshots", type=int, default=None, metavar="K",
+                       help="every K steps each rank's state is copied to the host memory of a rank on another "
+                       "node (this node's holder runs in this process and outlives worker restarts); a "
+                       "restart resumes from the freshest verified copy, else from disk")
+    group.add_argument("--peer-snapshot-bind", default="127.0.0.1", metavar="HOST",
+                       help="address this node's snapshot holder listens on (default 127.0.0.1; give this "
+                       "node's address on the job's network for a job over several nodes)")
     for action in p._actions:  # torchrun's text offers gpu/cpu/xpu, which npudist answers itself
         action.help = _HELP.get(action.dest, action.help)
     p._optionals.title = "torchrun options (passed through to torchrun)"
@@ -105,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 _OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1,
-                          "--accelerator": 1})
+                          "--accelerator": 1, "--peer-snapshots": 1, "--peer-snapshot-bind": 1})
 
 
 def accelerator_for(argv: Sequence[str]) -> Accelerator:
@@ -246,6 +256,9 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
 
         acc = Accelerator(SIMULATED_NPU)  # the ranks' accelerator; this process installs nothing
         env = {**env, **simulated}
+    if ns.peer_snapshots is not None and (ns.peer_snapshots < 1 or ns.mpi):
+        raise LaunchError(f"--peer-snapshots {ns.peer_snapshots}: give a step count >= 1, and launch through "
+                          "torchrun (not --mpi): the holder lives in the torchrun agent's process")
     if ns.mpi:
         the_plan = _plan_mpi(ns, head, tail, env)
         the_plan.env_updates.update(simulated)
@@ -272,6 +285,7 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc,
                           script=None if ns.module or ns.no_python else tail[0])
     the_plan.env_updates.update(simulated)
+    the_plan.peer_snapshots, the_plan.peer_bind = ns.peer_snapshots, ns.peer_snapshot_bind
     if ns.accelerator:
         the_plan.env_updates[ACCELERATOR_VAR] = ns.accelerator
     if nproc > 1 and OMP_VAR not in env:
@@ -438,6 +452,23 @@ def _published(the_plan: LaunchPlan) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _holder(the_plan: LaunchPlan) -> Iterator[None]:
+    """This node's peer snapshot holder while the agent runs (--peer-snapshots); the ranks find it through
+    NPUDIST_PEER_HOLDER. It lives in this process because torchrun restarts workers as new processes."""
+    if the_plan.peer_snapshots is None:
+        yield
+        return
+    from npudist.checkpoint import peer, peer_holder
+
+    with peer_holder.serving(the_plan.peer_bind) as server:
+        os.environ[peer.HOLDER_VAR] = server.address
+        os.environ[peer.EVERY_VAR] = str(the_plan.peer_snapshots)
+        print(f"npudist launch: peer snapshots every {the_plan.peer_snapshots} steps; this node's holder "
+              f"serves {server.address}", file=sys.stderr, flush=True)
+        yield
+
+
+@contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP raise torchrun's SignalException from the first moment, not only once its agent
     has started the workers (it installs the same handler then): the default action would end this
@@ -483,7 +514,7 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
     from torch.distributed.run import main as torchrun_main
 
     try:
-        with _stop_signals_raise(), _quiet_stop(), _published(the_plan):
+        with _stop_signals_raise(), _quiet_stop(), _published(the_plan), _holder(the_plan):
             torchrun_main(the_plan.torchrun_argv)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)

@@ -164,6 +164,7 @@ KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
         Field("accelerator", "text", "accelerator row name (npu, cuda, cpu, ...)"),
         Field("backend", "text", "process group backend"),
         Field("start_step", "count", "step the segment resumes after (0: a fresh run)", required=True),
+        Field("resume_source", "text", "where the resumed state came from: peer-memory, local-memory or disk"),
         Field("npu_id", "count", "physical card the rank computes on (npu-smi NPU ID), when known"),
         Field("chip_id", "count", "chip on that card, when known"),
         Field("argv", "text", "the command line of the script (sys.argv, shell-quoted)"),

@@ -2,8 +2,17 @@
 asynchronous writes, and one job per run directory."""
 
 from npudist.checkpoint.lock import RunDirBusy, RunDirLock, RunDirLockError, lock_run_dir
+from npudist.checkpoint.peer import PeerSnapshots, Restored, restore
 from npudist.checkpoint.store import CheckpointError, list_checkpoints, load_latest, save
 from npudist.checkpoint.writer import CheckpointStats, SaveHandle, writer
+
+
+def peer_snapshots(rank: int, world_size: int, local_world_size: int) -> PeerSnapshots | None:
+    """This rank's in-memory peer snapshots when `npudist launch --peer-snapshots K` turned them on, else
+    None. Every rank must call it (ranks swap their nodes' holder addresses)."""
+    from npudist.checkpoint.peer import from_env
+
+    return from_env(rank, world_size, local_world_size)
 
 
 def stats() -> CheckpointStats:
@@ -11,5 +20,20 @@ def stats() -> CheckpointStats:
     return writer().stats()
 
 
-__all__ = ["CheckpointError", "CheckpointStats", "RunDirBusy", "RunDirLock", "RunDirLockError", "SaveHandle",
-           "list_checkpoints", "load_latest", "lock_run_dir", "save", "stats"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointStats",
+    "PeerSnapshots",
+    "Restored",
+    "RunDirBusy",
+    "RunDirLock",
+    "RunDirLockError",
+    "SaveHandle",
+    "list_checkpoints",
+    "load_latest",
+    "lock_run_dir",
+    "peer_snapshots",
+    "restore",
+    "save",
+    "stats",
+]

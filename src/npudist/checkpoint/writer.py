@@ -55,6 +55,8 @@ class CheckpointStats:
     waits: int
     """Saves that had to wait for the previous background write to finish."""
     failures: int
+    peer: Any = None
+    """The in-memory peer snapshots' PeerStats (peer.py), when they are on."""
 
 
 class _Hist:
@@ -117,6 +119,8 @@ class CheckpointWriter:
         self._bytes = self._waits = self._failures = 0
         self._thread: threading.Thread | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.peer: Any = None
+        """The in-memory peer snapshots' sender (peer.py), when launch turned them on; its sends run here."""
 
     def settle(self, *, count_wait: bool = True) -> CheckpointError | None:
         """Wait for the write in flight (counted and logged when a save had to wait); return the
@@ -159,6 +163,10 @@ class CheckpointWriter:
         self._ensure_thread().put(run)
         return handle
 
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the writer thread after the work queued before it (peer snapshot sends)."""
+        self._ensure_thread().put(job)
+
     def _ensure_thread(self) -> queue.SimpleQueue:
         """One long-lived thread: starting a thread per save cost the caller 6 ms (Thread.start()
         waits until the new thread runs) on a loaded host; a queue hand-off costs microseconds."""
@@ -183,7 +191,7 @@ class CheckpointWriter:
         with self._lock:
             return CheckpointStats(self._snapshot.snapshot(), self._write.snapshot(), self._bytes,
                                    int(self._job is not None and not self._job.done()), self._waits,
-                                   self._failures)
+                                   self._failures, self.peer.snapshot_stats() if self.peer is not None else None)
 
     def host_copy(self, state: Any) -> Any:
         """A copy of ``state`` that training can no longer change: device tensors copied into host buffers
@@ -196,6 +204,9 @@ class CheckpointWriter:
     def close(self) -> CheckpointError | None:
         """Wait for the last write; stop the thread; drop the staging buffers; return an unraised error."""
         error = self.settle(count_wait=False)
+        if self.peer is not None:
+            self.peer.close()  # its last send, queued on the thread below, lands first
+            self.peer = None
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()

@@ -86,6 +86,38 @@ def first_rank(flag: bool, group: Any = None) -> int | None:
     return first if first < world else None
 
 
+def min_int(value: int, group: Any = None) -> int:
+    """The smallest ``value`` over the ranks of ``group``, on every rank (a MIN all-reduce of one int64)."""
+    if not distributed():
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
+
+
+def max_int(value: int, group: Any = None) -> int:
+    """The largest ``value`` over the ranks of ``group``, on every rank (a MAX all-reduce of one int64)."""
+    return -min_int(-int(value), group)
+
+
+def swap_text(topic: str, text: str, peer: int, timeout: timedelta = timedelta(seconds=120)) -> str:
+    """Publish this rank's ``text`` under ``topic`` and return rank ``peer``'s: O(1) per rank, through the
+    process group's store (small values only), so no rank gathers the whole job's. Every rank must call
+    it; without a process group the text comes back. The store's prefix is per torchrun attempt, so a
+    restarted job never reads a value of the attempt before it."""
+    if not distributed():
+        return text
+    from npudist.comm.watchdog import shared_store
+
+    store = shared_store()
+    if store is None:
+        raise RuntimeError("no process group store to exchange control text through")
+    store.set(f"npudist/swap/{topic}/{dist.get_rank()}", text)
+    key = f"npudist/swap/{topic}/{peer}"
+    store.wait([key], timeout)
+    return store.get(key).decode()
+
+
 def from_rank(flag: bool, src: int = 0, group: Any = None) -> bool:
     """Rank ``src``'s ``flag``, on every rank (a broadcast of one element)."""
     if not distributed():

@@ -33,6 +33,10 @@ class CheckpointCollector:
             s = stats_fn()
             histograms = [(histogram_buckets(d.buckets), float(d.sum_seconds)) for d in (s.snapshot, s.write)]
             counts = (int(s.bytes), int(s.inflight), int(s.waits), int(s.failures))
+            peer = getattr(s, "peer", None)
+            peer_values = None if peer is None else (
+                (int(peer.age_steps), int(peer.bytes), float(peer.blocking_seconds), int(peer.failures)),
+                {str(k): int(v) for k, v in peer.recoveries.items()})
         except Exception:
             self.health.error(NAME, "error", time.monotonic() - began)
             return
@@ -48,3 +52,15 @@ class CheckpointCollector:
             fam = family(name)
             fam.add_metric(self.labels, value)
             yield fam
+        if peer_values is None:
+            return
+        for name, value in zip(("npudist_peer_snapshot_age_steps", "npudist_peer_snapshot_bytes",
+                                "npudist_peer_snapshot_blocking_seconds_total", "npudist_peer_snapshot_failures_total"),
+                               peer_values[0], strict=True):
+            fam = family(name)
+            fam.add_metric(self.labels, value)
+            yield fam
+        fam = family("npudist_recoveries_total")
+        for source, n in peer_values[1].items():
+            fam.add_metric([*self.labels, source], n)
+        yield fam

@@ -146,10 +146,12 @@ class RunLog:
             self._failed = True
 
     def start(self, *, world: int, accelerator: str, backend: str, start_step: int,
-              device: RankDevice | None = None) -> None:
+              device: RankDevice | None = None, resume_source: str | None = None) -> None:
         """The segment's first record; ``device`` is the physical card and chip this rank computes on."""
         where = {} if device is None else {"npu_id": device.device_id, "chip_id": device.chip_id}
         about = provenance() if self.rank == 0 else {}  # one rank is enough for the report's card
+        if resume_source is not None:
+            about["resume_source"] = resume_source
         self.write({"kind": "start", "world": world, "node": node_name(), "accelerator": accelerator,
                     "backend": backend, "start_step": start_step, **where, **about})
 
@@ -185,7 +187,7 @@ class RunLog:
 
 
 def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: Any = None,
-                 start_step: int = 0) -> RunLog:
+                 start_step: int = 0, resume_source: str | None = None) -> RunLog:
     """A RunLog for this rank (``ctx`` from npudist.init()), reading device values from ``telemetry``'s
     poller when it has one and recording ``timer``'s skew exchanges. Owned by the Runtime: ``npudist.shutdown()``
     closes it if the script did not."""
@@ -201,7 +203,8 @@ def open_run_log(run_dir: str | Path, ctx: Any, telemetry: Any = None, timer: An
     runlog = RunLog(rank_file(run_dir, ctx.rank), ctx.rank, readings=readings)
     current().own("run_logs", runlog.close)  # shutdown() writes its totals and closes it, at the latest
     runlog.start(world=ctx.world_size, accelerator=ctx.accelerator.name, backend=ctx.backend,
-                 start_step=start_step, device=telemetry.device if telemetry is not None else None)
+                 start_step=start_step, device=telemetry.device if telemetry is not None else None,
+                 resume_source=resume_source)
     if timer is not None:
         runlog.attach(timer)
     return runlog

@@ -1,0 +1,94 @@
+"""What an in-memory peer snapshot costs the training loop, and how fast a restart reads it back.
+
+One process, the example's model (examples/train_ddp.py's TinyLM, AdamW), this node's holder served in
+a thread as `npudist launch --peer-snapshots` serves it. Blocks of steps with and without a snapshot
+every step, interleaved so both see the same machine; then the time to restore from the holder and from
+the disk checkpoint of the same state. Prints one line `RESULT {json}` (ratios against the same run).
+
+    python benchmarks/peer_snapshot_cost.py [--d-model 256 --layers 4 --rounds 3 --steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from train_ddp import TinyLM, global_batch
+
+import npudist
+from npudist.checkpoint import load_latest, save
+from npudist.checkpoint import peer as peer_mod
+from npudist.checkpoint.peer_holder import serving
+from npudist.checkpoint.writer import writer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    vocab, seq = 64, 32
+    model = TinyLM(vocab, args.d_model, args.layers, seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(i: int) -> torch.Tensor:
+        batch = global_batch(0, i, 16, seq, vocab)
+        loss = F.cross_entropy(model(batch[:, :-1]).reshape(-1, vocab), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def state(i: int, loss: torch.Tensor) -> dict:
+        return {"model": model.state_dict(), "optim": opt.state_dict(), "step": i, "loss": float(loss.detach()),
+                "rng": torch.get_rng_state()}
+
+    plain, held, i = [], [], 0
+    with serving("127.0.0.1") as server, tempfile.TemporaryDirectory() as tmp:
+        sender = peer_mod.PeerSnapshots(1, server.address, server.address, rank=0, world=1, partner=0)
+        writer().peer = sender
+        for r in range(args.rounds):
+            for mode in (("plain", "snap") if r % 2 == 0 else ("snap", "plain")):
+                for _ in range(args.steps):
+                    i += 1
+                    began = time.perf_counter()
+                    loss = step(i)
+                    took = time.perf_counter() - began
+                    if mode == "snap":
+                        held.append(sender.snapshot(state(i, loss), i))
+                    plain.append(took) if mode == "plain" else None
+        sender.snapshot(state(i, loss), i)  # the same step in memory and on disk: restore reads memory
+        sender._sent.wait()
+        save(state(i, loss), tmp, i)
+        began = time.perf_counter()
+        mem = peer_mod.restore(tmp, sender)
+        memory_s = time.perf_counter() - began
+        began = time.perf_counter()
+        load_latest(tmp)
+        disk_s = time.perf_counter() - began
+        nbytes = sender.stats.bytes
+        # A snapshot due while the previous copy is still being sent is skipped (counted), not waited for.
+    npudist.shutdown()
+    step_s = statistics.median(plain)
+    print("RESULT " + json.dumps({
+        "step_seconds_median": step_s, "snapshot_blocking_seconds_median": statistics.median(held),
+        "blocking_over_step_ratio": statistics.median(held) / step_s, "copy_bytes": nbytes,
+        "snapshots_skipped": sender.stats.skipped,
+        "restore_from_memory_seconds": memory_s, "restore_from_disk_seconds": disk_s,
+        "restored_source": mem.source, "d_model": args.d_model, "layers": args.layers}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""In-memory peer snapshots and the restart path that picks the freshest verified copy.
+
+Every K steps a rank stages its state into host memory (the async checkpoint's HostStaging, so device
+state is copied the way ``host_copy`` copies it), and the checkpoint writer's thread serialises it,
+hashes it and sends it to the holder of its partner's node (peer_holder.py). The partner is
+``(rank + local_world_size) % world``: a rank of the next node, so one lost node never takes both a
+rank and its copy; on a single node it is the rank itself and the copy sits in this node's holder,
+which outlives torchrun's worker restarts.
+
+On start, ``restore()`` agrees with every rank on the newest step all of them hold a verified copy of
+(a MIN all-reduce per round, O(1) per rank), uses it when it is at least as new as the newest disk
+checkpoint, and otherwise loads from disk. ``npudist launch --peer-snapshots K`` turns it on: it
+starts this node's holder and tells the ranks through NPUDIST_PEER_HOLDER and NPUDIST_PEER_SNAPSHOT_EVERY.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from npudist.checkpoint.peer_holder import KEEP, request
+from npudist.checkpoint.staging import HostStaging
+from npudist.checkpoint.store import list_checkpoints, load_latest
+from npudist.checkpoint.writer import CheckpointError, writer
+from npudist.comm import control
+
+log = logging.getLogger("npudist.checkpoint")
+
+HOLDER_VAR = "NPUDIST_PEER_HOLDER"
+"""host:port of this node's holder, set by `npudist launch --peer-snapshots`."""
+EVERY_VAR = "NPUDIST_PEER_SNAPSHOT_EVERY"
+"""Steps between in-memory peer snapshots, set by `npudist launch --peer-snapshots K`."""
+SOURCES = ("peer-memory", "local-memory", "disk")
+
+
+@dataclass
+class PeerStats:
+    snapshots: int = 0
+    last_step: int = -1
+    """Step of the newest copy the partner's holder accepted."""
+    bytes: int = 0
+    """Size of the newest copy sent."""
+    blocking_seconds: float = 0.0
+    """Total time snapshot() held the training loop (staging, and waiting for the previous send)."""
+    failures: int = 0
+    skipped: int = 0
+    """Snapshots not taken because the previous copy was still being sent."""
+    age_steps: int = 0
+    """Steps the training loop ran since the newest copy the partner's holder accepted (all of them if none)."""
+    recoveries: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+
+
+@dataclass(frozen=True)
+class Restored:
+    state: dict[str, Any]
+    step: int
+    source: str
+    """One of SOURCES."""
+    line: str
+    """The one line that says which copy was used and why."""
+
+
+class PeerSnapshots:
+    """This rank's sender of peer snapshots; one per Runtime, closed with the checkpoint writer."""
+
+    def __init__(self, every: int, local_holder: str, partner_holder: str, rank: int, world: int,
+                 partner: int) -> None:
+        self.every = every
+        self.local_holder, self.partner_holder = local_holder, partner_holder
+        self.rank, self.world, self.partner = rank, world, partner
+        self.stats = PeerStats()
+        self._staging = HostStaging()
+        self._lock = threading.Lock()
+        self._sent = threading.Event()
+        self._sent.set()
+        self._step = self._start = 0
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a snapshot step; called every step, it also keeps the copy's age in steps."""
+        self._step = step
+        return step % self.every == 0
+
+    def snapshot_stats(self) -> PeerStats:
+        with self._lock:
+            s = self.stats
+            base = s.last_step if s.last_step >= 0 else self._start
+            return PeerStats(s.snapshots, s.last_step, s.bytes, s.blocking_seconds, s.failures, s.skipped,
+                             max(0, self._step - base), dict(s.recoveries))
+
+    def snapshot(self, state: Any, step: int) -> float:
+        """Stage ``state`` now and send it to the partner's holder in the background; returns the seconds
+        the caller was held. A failed send is logged and counted; training goes on (disk remains)."""
+        began = time.perf_counter()
+        if not self._sent.is_set():
+            # The staging buffers are reused, so the previous copy must be sent first; a slow or unreachable
+            # holder must not hold training, so this snapshot is skipped (the copy ages) instead of waited for.
+            with self._lock:
+                self.stats.skipped += 1
+            log.warning("peer snapshot of step %d skipped: the previous copy is still being sent to %s", step,
+                        self.partner_holder)
+            return time.perf_counter() - began
+        staged = self._staging.stage(state)
+        self._sent.clear()
+        writer().submit(lambda: self._send(staged, step))
+        held = time.perf_counter() - began
+        with self._lock:
+            self.stats.blocking_seconds += held
+        return held
+
+    def _send(self, staged: Any, step: int) -> None:
+        try:
+            buf = io.BytesIO()
+            torch.save(staged, buf)
+            payload = buf.getvalue()
+            digest = hashlib.sha256(payload).hexdigest()
+            reply, _ = request(self.partner_holder, {"op": "put", "owner": self.rank, "world": self.world,
+                                                     "step": step, "sha256": digest}, payload)
+            if not reply.get("ok"):
+                raise CheckpointError(f"holder {self.partner_holder} refused step {step}: {reply.get('error')}")
+            with self._lock:
+                self.stats.snapshots += 1
+                self.stats.last_step, self.stats.bytes = step, len(payload)
+        except Exception as exc:  # a lost copy costs recovery time, never the healthy job
+            with self._lock:
+                self.stats.failures += 1
+            log.warning("peer snapshot of step %d to %s failed: %s: %s (the disk checkpoint is still the "
+                        "fallback)", step, self.partner_holder, type(exc).__name__, exc)
+        finally:
+            self._sent.set()
+
+    def close(self) -> None:
+        self._sent.wait()
+        self._staging.close()
+
+
+def from_env(ctx_rank: int, world: int, local_world: int) -> PeerSnapshots | None:
+    """The Runtime's PeerSnapshots when launch turned them on; every rank must call it (one store swap)."""
+    holder, every = os.environ.get(HOLDER_VAR), os.environ.get(EVERY_VAR)
+    if not holder or not every:
+        return None
+    w = writer()
+    if w.peer is None:
+        partner = (ctx_rank + local_world) % world
+        # Rank r sends to partner p's holder: p publishes its node's address, r reads it (O(1) per rank).
+        partner_holder = control.swap_text("peer-holder", holder, partner)
+        w.peer = PeerSnapshots(int(every), holder, partner_holder, ctx_rank, world, partner)
+    return w.peer
+
+
+def restore(run_dir: str | os.PathLike | None, peer: PeerSnapshots | None, *,
+            allow_simulated: bool = False) -> Restored | None:
+    """The freshest copy every rank holds: an in-memory one at least as new as the newest disk checkpoint,
+    else the newest good disk checkpoint; None when there is neither. Every rank must call it."""
+    steps = list_checkpoints(run_dir) if run_dir else []
+    disk_top = control.max_int(steps[0] if steps else -1)
+    if peer is not None:
+        found = _from_memory(peer, disk_top)
+        if found is not None:
+            peer.stats.recoveries[found.source] += 1
+            peer._step = peer._start = found.step
+            return found
+    loaded = load_latest(run_dir, allow_simulated=allow_simulated) if run_dir else None
+    if loaded is None:
+        return None
+    state, step = loaded
+    why = "no in-memory copy held by every rank" if peer is not None else "peer snapshots are off"
+    if peer is not None:
+        peer.stats.recoveries["disk"] += 1
+        peer._step = peer._start = step
+    return Restored(state, step, "disk", f"resume: source=disk step={step} run_dir={run_dir} ({why})")
+
+
+def _from_memory(peer: PeerSnapshots, disk_top: int) -> Restored | None:
+    held: dict[int, tuple[str, str]] = {}
+    for address in dict.fromkeys([peer.partner_holder, peer.local_holder]):  # the partner's first
+        try:
+            reply, _ = request(address, {"op": "list", "owner": peer.rank, "world": peer.world}, timeout=30)
+        except OSError as exc:
+            log.warning("peer snapshot holder %s unreachable: %s", address, exc)
+            continue
+        for step, sha in reply.get("copies", []):
+            held.setdefault(int(step), (address, str(sha)))
+    cap = None
+    for _ in range(KEEP + 1):
+        mine = max((s for s in held if cap is None or s < cap), default=-1)
+        step = control.min_int(mine)
+        if step < 0 or step < disk_top:
+            return None
+        state, why = _fetch(peer, held.get(step), step)
+        if not control.any_rank(state is None):
+            address = held[step][0]
+            source = "peer-memory" if address != peer.local_holder else "local-memory"
+            return Restored(state, step, source, f"resume: source={source} step={step} holder={address} "
+                                                 f"(sha256 verified; newest disk checkpoint: "
+                                                 f"{disk_top if disk_top >= 0 else 'none'})")
+        if state is None:
+            log.warning("rank %d: in-memory copy of step %d refused: %s", peer.rank, step, why)
+        cap = step
+    return None
+
+
+def _fetch(peer: PeerSnapshots, where: tuple[str, str] | None, step: int) -> tuple[Any, str]:
+    if where is None:
+        return None, "no copy of that step"
+    address, listed = where
+    try:
+        reply, payload = request(address, {"op": "get", "owner": peer.rank, "world": peer.world, "step": step})
+    except OSError as exc:
+        return None, f"holder {address} unreachable ({exc})"
+    if not reply.get("ok"):
+        return None, str(reply.get("error"))
+    actual = hashlib.sha256(payload).hexdigest()
+    if actual != listed:
+        return None, f"checksum mismatch: sha256 {actual[:12]} != recorded {listed[:12]} (holder {address})"
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True), ""
+    except Exception as exc:
+        return None, f"verified but did not load ({type(exc).__name__}: {exc})"
+
+
+__all__ = ["EVERY_VAR", "HOLDER_VAR", "PeerSnapshots", "PeerStats", "Restored", "from_env", "restore"]

@@ -1,0 +1,134 @@
+"""In-memory peer snapshots: the holder, the checksum on both ends, and the restart's choice of source.
+
+In one process (no process group: the agreement collectives answer for this rank alone); the killed-rank
+runs under torchrun are in test_peer_restart.py.
+"""
+
+import hashlib
+import threading
+
+import pytest
+import torch
+
+import npudist
+from npudist.checkpoint import peer as peer_mod
+from npudist.checkpoint import save
+from npudist.checkpoint.peer_holder import Copy, Holder, request, serving
+
+
+def _state(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn(64, 32, generator=g)}, "step": step, "rng": torch.get_rng_state()}
+
+
+@pytest.fixture
+def runtime():
+    yield
+    npudist.shutdown()
+
+
+def _sender(address: str) -> peer_mod.PeerSnapshots:
+    from npudist.checkpoint.writer import writer
+
+    w = writer()
+    w.peer = peer_mod.PeerSnapshots(5, address, address, rank=0, world=1, partner=0)
+    return w.peer
+
+
+def _snap(p: peer_mod.PeerSnapshots, step: int) -> None:
+    p.snapshot(_state(step), step)
+    assert p._sent.wait(30)
+
+
+def test_holder_refuses_bytes_that_do_not_match_and_keeps_the_last_two():
+    h = Holder()
+    good = b"x" * 100
+    assert "sha256" in h.put(0, Copy(1, 2, hashlib.sha256(b"other").hexdigest(), good))
+    for step in (1, 2, 3):
+        assert h.put(0, Copy(step, 2, hashlib.sha256(good).hexdigest(), good)) is None
+    assert [s for s, _ in h.listing(0, 2)] == [2, 3]
+    assert h.listing(0, 4) == []  # another world size's copies are not offered
+    assert h.listing(1, 2) == []
+
+
+def test_restart_uses_the_newest_verified_copy_and_refuses_a_corrupted_one(runtime, tmp_path, caplog):
+    with serving("127.0.0.1") as server:
+        p = _sender(server.address)
+        _snap(p, 5)
+        _snap(p, 10)
+        assert p.stats.snapshots == 2 and p.stats.last_step == 10 and p.stats.bytes > 64 * 32 * 4
+        save(_state(3), tmp_path, 3)
+
+        found = peer_mod.restore(tmp_path, p)
+        assert (found.step, found.source) == (10, "local-memory")
+        assert torch.equal(found.state["model"]["w"], _state(10)["model"]["w"])
+        assert "source=local-memory step=10" in found.line
+
+        # A bit flipped in the holder's memory after arrival: refused by the reader's checksum.
+        bad = server.holder.get(0, 1, 10)
+        flipped = bytearray(bad.payload)
+        flipped[len(flipped) // 2] ^= 1
+        with server.holder._lock:
+            server.holder._copies[0][-1] = Copy(bad.step, bad.world, bad.sha256, bytes(flipped))
+        found = peer_mod.restore(tmp_path, p)
+        assert (found.step, found.source) == (5, "local-memory")
+        assert torch.equal(found.state["model"]["w"], _state(5)["model"]["w"])
+        assert "in-memory copy of step 10 refused: checksum mismatch" in caplog.text
+        assert p.stats.recoveries == {"peer-memory": 0, "local-memory": 2, "disk": 0}
+
+
+def test_disk_is_used_when_it_is_newer_or_the_holder_is_gone(runtime, tmp_path):
+    with serving("127.0.0.1") as server:
+        p = _sender(server.address)
+        _snap(p, 5)
+        save(_state(8), tmp_path, 8)
+        found = peer_mod.restore(tmp_path, p)
+        assert (found.step, found.source) == (8, "disk")
+    # The holder's node is gone (its port closed): the disk checkpoint, said in one line.
+    found = peer_mod.restore(tmp_path, p)
+    assert (found.step, found.source) == (8, "disk")
+    assert found.line.startswith("resume: source=disk step=8 ") and "no in-memory copy" in found.line
+
+
+def test_a_copy_that_arrives_damaged_is_refused_by_the_holder():
+    with serving("127.0.0.1") as server:
+        reply, _ = request(server.address, {"op": "put", "owner": 0, "world": 1, "step": 1,
+                                            "sha256": hashlib.sha256(b"sent").hexdigest()}, b"snet")
+        assert reply["ok"] is False and "sha256" in reply["error"]
+        assert server.holder.listing(0, 1) == []
+
+
+def test_closing_leaves_no_thread_or_port(runtime):
+    before = {t.name for t in threading.enumerate()}
+    with serving("127.0.0.1") as server:
+        address = server.address
+        p = _sender(address)
+        _snap(p, 5)
+    npudist.shutdown()
+    assert not {t.name for t in threading.enumerate()} - before
+    with pytest.raises(OSError):
+        request(address, {"op": "list", "owner": 0, "world": 1}, timeout=5)
+
+
+def test_the_exporter_shows_the_copy_s_age_size_blocking_time_and_recoveries(runtime, tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
+
+    with serving("127.0.0.1") as server:
+        p = _sender(server.address)
+        for step in range(1, 8):
+            if p.due(step):
+                _snap(p, step)
+        peer_mod.restore(tmp_path, p)  # from memory: step 5
+        p.due(7)
+        registry = CollectorRegistry()
+        registry.register(CheckpointCollector(CollectorHealth(), ["0", "0", "n0", "cpu", "0"]))
+        text = generate_latest(registry).decode()
+    rank = 'chip="0",device="cpu",local_rank="0",node="n0",rank="0"'  # the exposition sorts labels
+    assert f"npudist_peer_snapshot_age_steps{{{rank}}} 2.0" in text  # step 7, copy of step 5
+    assert f"npudist_peer_snapshot_bytes{{{rank}}} {float(p.stats.bytes)}" in text and p.stats.bytes > 0
+    assert f'npudist_recoveries_total{{{rank},source="local-memory"}} 1.0' in text
+    assert f'npudist_recoveries_total{{{rank},source="disk"}} 0.0' in text
+    assert "npudist_peer_snapshot_blocking_seconds_total" in text
