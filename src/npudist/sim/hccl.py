@@ -183,6 +183,12 @@ class SimHcclGroup(dist.ProcessGroup):
         SIM.counts.add("reduce_scatter_tensor", [output])
         return self._done(output, self._host_group()._reduce_scatter_base(host_out, host_in, opts))
 
+    # The names torch's Python API calls (dist.all_gather_single / all_gather_into_tensor, reduce_scatter_tensor,
+    # all_to_all_single): bound here, so they reach the checks above instead of the C++ op registry, which
+    # would hand the host tensors to a group with no cpu backend.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         host = self._host("HcclReduce", tensors, _op_name(opts))
@@ -195,6 +201,16 @@ class SimHcclGroup(dist.ProcessGroup):
         host_out = [self._host("HcclGather", outs) for outs in output_lists]
         SIM.counts.add("gather", inputs)
         return self._done(output_lists, self._host_group().gather(host_out, host_in, opts))
+
+    def gather_single(self, output, input, opts=None):
+        # torch >= 2.15 (dist.gather_single): one output tensor on the root holding the ranks' inputs in order,
+        # an empty placeholder elsewhere; gloo's gather takes the root's output as one tensor per rank.
+        opts = opts if opts is not None else dist.GatherOptions()
+        (host_in,) = self._host("HcclGather", [input])
+        (host_out,) = self._host("HcclGather", [output])
+        rows = [list(host_out.view(self.size(), -1).unbind(0))] if self.rank() == opts.rootRank else []
+        SIM.counts.add("gather", [input])
+        return self._done(output, self._host_group().gather(rows, [host_in], opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -210,6 +226,8 @@ class SimHcclGroup(dist.ProcessGroup):
         SIM.counts.add("all_to_all_single", [input])
         work = self._host_group().alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts)
         return self._done(output, work)
+
+    all_to_all_single = alltoall_base
 
     def send(self, tensors, dst, tag=0):
         host = self._host("HcclSend", tensors)
@@ -242,3 +260,10 @@ def register(row: Constraints) -> None:
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, creator(row), devices=[DEVICE_TYPE])
+    # torch >= 2.15 attaches a Python flight-recorder hook to a group whose backend does not record itself,
+    # keyed on a group name a ProcessGroup subclass cannot have (distributed_c10d._maybe_attach_flight_recorder:
+    # "Such a group cannot be recorded"). Every call here is carried by gloo, which records itself, so the
+    # group is declared self-recording in the set torch keeps for that (_FR_SELF_RECORDING_BACKENDS).
+    self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if self_recording is not None:
+        self_recording.add(BACKEND)
