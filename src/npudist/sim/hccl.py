@@ -45,6 +45,11 @@ _OP_NAMES = MappingProxyType({
 })
 
 
+GLOO_CARRIER = MappingProxyType({torch.int16: torch.int32})
+"""Dtypes HCCL takes that gloo cannot carry (ProcessGroupGloo's type switch has no int16: "Invalid scalar
+type"), with the wider dtype gloo moves and reduces them in; the result is cast back, exactly."""
+
+
 class HcclError(RuntimeError):
     """What torch_npu raises when an HCCL call returns an error code."""
 
@@ -64,6 +69,7 @@ class SimHcclGroup(dist.ProcessGroup):
         host = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
         self._inner: dist.ProcessGroupGloo | None = host
         self.row = row
+        self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -96,16 +102,30 @@ class SimHcclGroup(dist.ProcessGroup):
     # -- the checks HCCL makes -------------------------------------------------------------------------
     def _host(self, call: str, tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
         out = []
-        for t in tensors:
-            if not isinstance(t, SimTensor):
-                SIM.counts.refused[call] += 1
-                raise RuntimeError(f"No backend type associated with device type {t.device.type}")
-            if not t.is_contiguous():
-                SIM.counts.refused[call] += 1
-                raise RuntimeError("Tensors must be contiguous")
-            self._check_row(call, t, op)
-            out.append(t.elem)
+        try:
+            for t in tensors:
+                if not isinstance(t, SimTensor):
+                    SIM.counts.refused[call] += 1
+                    raise RuntimeError(f"No backend type associated with device type {t.device.type}")
+                if not t.is_contiguous():
+                    SIM.counts.refused[call] += 1
+                    raise RuntimeError("Tensors must be contiguous")
+                self._check_row(call, t, op)
+                out.append(self._carried(t.elem))
+        except Exception:
+            self._write_back.clear()
+            raise
         return out
+
+    def _carried(self, held: torch.Tensor) -> torch.Tensor:
+        """The host tensor gloo moves: ``held`` itself, or a copy in GLOO_CARRIER's wider dtype whose result
+        is written back into ``held`` when the call is done."""
+        wider = GLOO_CARRIER.get(held.dtype)
+        if wider is None:
+            return held
+        wide = held.to(wider)
+        self._write_back.append((held, wide))
+        return wide
 
     def _check_row(self, call: str, t: torch.Tensor, op: str | None) -> None:
         # The strict row's reports concern data: torch's own integer bookkeeping (DDP's bucket-index and
@@ -126,10 +146,12 @@ class SimHcclGroup(dist.ProcessGroup):
         SIM.counts.refused[call] += 1
         raise HcclError(f"{call} failed: {name} (error code {_RESULT_CODES[name]}): {detail}")
 
-    @staticmethod
-    def _done(result: Any, inner_work: Any = None) -> Any:
+    def _done(self, result: Any, inner_work: Any = None) -> Any:
         if inner_work is not None:
             inner_work.wait()
+        for held, wide in self._write_back:
+            held.copy_(wide)  # a sum or product wraps modulo 2**16 either way: the same int16 bits as HCCL's
+        self._write_back.clear()
         fut: Future = Future()
         fut.set_result(result)
         return _create_work_from_future(fut)
