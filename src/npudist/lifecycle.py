@@ -221,15 +221,14 @@ def _all_arrived(store: dist.Store, world_size: int, timeout: timedelta) -> None
 
     Rule: a rank must stay interruptible (Ctrl-C, SIGTERM) while late peers load or compile, and
     init_process_group waits for them inside C++, where Python's signal handlers cannot run. All ranks are
-    present once this returns, so what init_process_group then waits for is short. One counter and one key
-    per restart attempt (the store is prefixed by _attempt_store); ``check`` does not block, so no timed-out
-    wait is logged.
+    present once this returns, so what init_process_group then waits for is short. One counter per restart
+    attempt (the store is prefixed by _attempt_store), read with ``add(key, 0)``, which does not block (so
+    no timed-out wait is logged) and exists on every supported torch (``Store.check`` does not on 2.1).
     """
-    if store.add("arrived", 1) == world_size:
-        store.set("all_arrived", "1")
+    store.add("arrived", 1)
     deadline = time.monotonic() + timeout.total_seconds()
     pause = 0.01
-    while not store.check(["all_arrived"]):
+    while int(store.add("arrived", 0)) < world_size:
         if time.monotonic() >= deadline:
             raise RuntimeError(f"ranks still missing after {timeout.total_seconds():.0f} s "
                                f"({int(store.add('arrived', 0))} of {world_size} arrived)")

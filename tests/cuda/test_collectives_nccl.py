@@ -1,6 +1,9 @@
-"""npudist's collectives on CUDA tensors over a one-rank NCCL group: every op/dtype pair the ``nccl``
-constraint row lists goes through the call path, and the adaptations the row demands (cast, contiguous)
-run on the device and are counted. A world of one keeps each value, so any change is a bug."""
+"""npudist's collectives on device tensors over a one-rank group: every op/dtype pair the backend's constraint
+row lists goes through the call path, and the adaptations the row demands (cast, contiguous) run on the device
+and are counted. A world of one keeps each value, so any change is a bug.
+
+Runs on CUDA over NCCL (``make device-check``) and, in CI, on the simulated NPU over its ``hccl`` (the same
+child, so an API change in npudist or torch fails CI before the first GPU run)."""
 
 from __future__ import annotations
 
@@ -9,18 +12,27 @@ import textwrap
 
 import pytest
 
-from npudist.comm.constraints import NCCL
-from tests.conftest import run_py
+from npudist.comm.constraints import PROFILES
+from npudist.runtime import compat
+from tests.conftest import child_env, run_py
 
-pytestmark = pytest.mark.cuda
+# (accelerator, backend, environment of the child)
+DEVICES = [
+    pytest.param(("cuda", "nccl", {}), marks=pytest.mark.cuda, id="cuda"),
+    pytest.param(("npu-sim", "hccl", {"NPUDIST_SIMULATE": "npu"}), id="npu-sim",
+                 marks=pytest.mark.skipif(not compat.simulation_available(),
+                                          reason="the simulated NPU needs torch >= 2.10")),
+]
 
 CHILD = textwrap.dedent("""
     import json
     import torch
     import npudist
-    from npudist.comm.constraints import NCCL
+    from npudist.comm.constraints import PROFILES
 
-    ctx = npudist.init()  # no launcher variables: a world of one, on cuda:0, over NCCL
+    ctx = npudist.init()  # no launcher variables: a world of one, on device 0 (cuda:0, npu:0)
+    ROW = PROFILES[ctx.backend]
+    sync = getattr(torch, ctx.device.type).synchronize
     results = []
 
     def values(dtype):
@@ -31,22 +43,24 @@ CHILD = textwrap.dedent("""
         ptr, dtype = t.data_ptr(), t.dtype
         try:
             out = call(t)
-            torch.cuda.synchronize()
+            sync()
             ok = (out is t and t.data_ptr() == ptr and t.dtype == dtype and t.device == ctx.device
                   and torch.equal(t, want))
             results.append({"case": name, "ok": bool(ok), "got": t.cpu().tolist() if not ok else None})
         except Exception as exc:
             results.append({"case": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
-    for op, dtypes in sorted(NCCL.reduce_dtypes.items()):
+    for op, dtypes in sorted(ROW.reduce_dtypes.items()):
         for dtype in sorted(dtypes, key=str):
             t = values(dtype)
             check(f"all_reduce {op} {dtype}", t, lambda x, op=op: npudist.all_reduce(x, op=op), t.clone())
 
-    # Adaptations the row demands: int16 is not an NCCL type (reduced as int32, cast back), and a strided
-    # view is reduced through a contiguous copy written back into the caller's view.
-    t = torch.arange(-8, 8, device=ctx.device).to(torch.int16)
-    check("all_reduce sum int16 (cast)", t, lambda x: npudist.all_reduce(x), t.clone())
+    # Adaptations the row demands: an integer type the row does not sum (int16 on NCCL, uint8 on HCCL) is
+    # reduced in a wider one and cast back, and a strided view is reduced through a contiguous copy written
+    # back into the caller's view.
+    narrow = next(d for d in (torch.int16, torch.uint8) if d not in ROW.native_dtypes("sum"))
+    t = torch.arange(0, 16, device=ctx.device).to(narrow)
+    check(f"all_reduce sum {narrow} (cast)", t, lambda x: npudist.all_reduce(x), t.clone())
     base = torch.arange(32.0, device=ctx.device).reshape(4, 8)
     view = base[:, ::2]
     check("all_reduce sum strided view (contiguous)", view, lambda x: npudist.all_reduce(x), view.clone())
@@ -54,10 +68,10 @@ CHILD = textwrap.dedent("""
                     "ok": torch.equal(base, torch.arange(32.0, device=ctx.device).reshape(4, 8))})
     try:
         npudist.all_reduce(torch.ones(4, dtype=torch.int32, device=ctx.device), op="band")
-        results.append({"case": "band is refused (NCCL has no bitwise ops)", "ok": False, "error": "no error"})
+        results.append({"case": "band is refused (no bitwise ops)", "ok": False, "error": "no error"})
     except TypeError as exc:
-        results.append({"case": "band is refused (NCCL has no bitwise ops)",
-                        "ok": "nccl" in str(exc) and "band" in str(exc), "error": str(exc)})
+        results.append({"case": "band is refused (no bitwise ops)",
+                        "ok": ctx.backend in str(exc) and "band" in str(exc), "error": str(exc)})
 
     g = npudist.all_gather(torch.arange(6.0, device=ctx.device))
     results.append({"case": "all_gather", "ok": g.device == ctx.device and g.shape == (1, 6)
@@ -67,22 +81,26 @@ CHILD = textwrap.dedent("""
     results.append({"case": "broadcast bfloat16",
                     "ok": torch.equal(b, torch.arange(5, dtype=torch.bfloat16, device=ctx.device))})
 
-    s = npudist.comm.stats().get("all_reduce", "nccl")
-    print(json.dumps({"backend": ctx.backend, "device": str(ctx.device), "results": results,
+    s = npudist.comm.stats().get("all_reduce", ctx.backend)
+    print(json.dumps({"backend": ctx.backend, "device": str(ctx.device), "accelerator": ctx.accelerator.name,
+                      "results": results,
                       "calls": s.calls if s else 0, "adaptations": s.adaptations if s else {}}))
     npudist.shutdown()
 """)
 
 
 @pytest.mark.timeout(150)
-def test_every_nccl_op_and_dtype_on_cuda_tensors() -> None:
-    proc = run_py(["-c", CHILD], timeout=120)
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_op_and_dtype_of_the_row_on_device_tensors(device) -> None:
+    accelerator, backend, env = device
+    proc = run_py(["-c", CHILD], env=child_env(env), timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["backend"] == "nccl" and got["device"] == "cuda:0"
+    device_type = "cuda" if accelerator == "cuda" else "npu"
+    assert (got["accelerator"], got["backend"], got["device"]) == (accelerator, backend, f"{device_type}:0")
     failed = [r for r in got["results"] if not r["ok"]]
     assert not failed, json.dumps(failed, indent=1)
-    listed = sum(len(d) for d in NCCL.reduce_dtypes.values())
+    listed = sum(len(d) for d in PROFILES[backend].reduce_dtypes.values())
     reduced = [r for r in got["results"] if r["case"].startswith("all_reduce")]
     assert len(reduced) == listed + 2
     assert got["calls"] == listed + 2, got  # the refused band call is not counted

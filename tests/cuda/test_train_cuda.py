@@ -1,4 +1,8 @@
-"""The example job and DDP on CUDA over NCCL, one rank per device, telemetry on."""
+"""The example job and DDP on CUDA over NCCL, one rank per device, telemetry on.
+
+The DDP test also runs in CI on the simulated NPU over its hccl. The example's training, asynchronous
+checkpoints and bitwise resume on the simulated NPU are tests/sim/test_train.py (a smaller model: every
+simulated op goes through Python dispatch)."""
 
 from __future__ import annotations
 
@@ -12,13 +16,21 @@ import pytest
 import torch
 
 from npudist.checkpoint import load_latest
+from npudist.runtime import compat
 from tests.conftest import REPO, child_env, run_npudist
 
-pytestmark = pytest.mark.cuda
+# (accelerator, backend, environment, launch options): the simulated host shows two chips.
+DEVICES = [
+    pytest.param(("cuda", "nccl", {}, []), marks=pytest.mark.cuda, id="cuda"),
+    pytest.param(("npu-sim", "hccl", {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}, ["--simulate", "npu"]), id="npu-sim",
+                 marks=pytest.mark.skipif(not compat.simulation_available(),
+                                          reason="the simulated NPU needs torch >= 2.10")),
+]
 
 STEP = re.compile(r"^step=(\d+) loss=([0-9.]+) .*world=(\d+) accelerator=(\S+) backend=(\S+)$", re.M)
 
 
+@pytest.mark.cuda
 @pytest.mark.timeout(270)
 def test_example_trains_50_steps_on_cuda_with_telemetry(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -62,6 +74,7 @@ def _final_hash(proc) -> str:
     return final.group(1)
 
 
+@pytest.mark.cuda
 @pytest.mark.timeout(300)
 def test_example_checkpoints_asynchronously_and_resumes_bitwise_on_cuda(tmp_path: Path) -> None:
     """Issue 33: on an H200 the example died at its second asynchronous checkpoint (a reused DefaultStager).
@@ -109,9 +122,10 @@ DDP_RANK = textwrap.dedent("""
     F.mse_loss(wrapped(x[mine]), y[mine]).backward()
     F.mse_loss(reference(x), y).backward()
     pairs = list(zip(inner.parameters(), reference.parameters()))
+    placed = torch.empty(0, device=ctx.device).device  # where a tensor made for ctx.device lives
     record = {"rank": ctx.rank, "world": ctx.world_size, "backend": ctx.backend, "how": how,
-              "params": len(pairs), "on_device": all(p.grad is not None and p.grad.device == ctx.device
-                                                      for p, _ in pairs),
+              "params": len(pairs), "on_device": all(p.grad is not None and p.grad.device == placed
+                                                      and placed.type == ctx.device.type for p, _ in pairs),
               "max_abs_err": max((p.grad - r.grad).abs().max().item() for p, r in pairs),
               "max_abs_grad": max(r.grad.abs().max().item() for _, r in pairs)}
     npudist.shutdown()
@@ -121,17 +135,20 @@ DDP_RANK = textwrap.dedent("""
 
 
 @pytest.mark.timeout(200)
-def test_ddp_through_npudist_on_nccl_matches_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_through_npudist_matches_one_process(tmp_path: Path, device) -> None:
+    accelerator, backend, env, options = device
     script = tmp_path / "ddp_rank.py"
     script.write_text(DDP_RANK)
     out = tmp_path / "out"
     out.mkdir()
-    proc = run_npudist(["launch", "--nproc-per-node", "auto", str(script), str(out)], timeout=180)
+    proc = run_npudist(["launch", *options, "--nproc-per-node", "auto", str(script), str(out)], env=child_env(env),
+                       timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-    assert len(records) == torch.cuda.device_count()
+    assert len(records) == (torch.cuda.device_count() if accelerator == "cuda" else 2)
     for r in records:
-        assert r["backend"] == "nccl" and r["params"] == 4 and r["on_device"], r
+        assert r["backend"] == backend and r["params"] == 4 and r["on_device"], r
         assert r["max_abs_grad"] > 1e-3, r  # a real gradient, not zeros compared with zeros
         # Same maths in another summation order (shards vs whole batch): float32 rounding only.
         assert r["max_abs_err"] <= 1e-5 + 1e-4 * r["max_abs_grad"], r

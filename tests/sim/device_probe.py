@@ -26,6 +26,16 @@ r["devices"] = [str(t.device) for t in (z, z[1:], torch.tensor([1.0], device="np
 r["to_cpu_is_plain"] = type(z.cpu()) is torch.Tensor
 r["transpose_contiguous"] = torch.arange(6.0).npu().view(2, 3).t().contiguous().cpu().tolist()
 
+# Factories that size their result while filling it (torch's arange resizes an empty out= tensor).
+r["aranges"] = [[list(t.shape), str(t.dtype), t.cpu().tolist()] for t in (
+    torch.arange(6.0, device="npu"), torch.arange(2, 5, device="npu:0"),
+    torch.arange(0, 1.5, 0.5, device="npu", dtype=torch.float64))]
+try:
+    torch.arange(3.0, out=torch.empty(0, device="npu"))
+    r["arange_resized_out"] = None
+except RuntimeError as exc:
+    r["arange_resized_out"] = str(exc)
+
 # A model trained on npu:0 and on the CPU from the same weights: bitwise equal.
 torch.manual_seed(0)
 cpu = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))

@@ -16,7 +16,7 @@ from tests.conftest import child_env, run_npudist
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),
-              pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU runs on torch 2.10-2.14")]
+              pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")]
 
 EXAMPLE = "examples/train_ddp.py"
 SMALL = ["--d-model", "32", "--layers", "1", "--seq-len", "16", "--vocab", "32", "--log-every", "1",

@@ -71,12 +71,6 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
 })
 
 
-SIMULATION_BELOW = (2, 15)
-"""The simulated NPU is not ported to torch 2.15's ProcessGroup yet (measured on 2.15.0: its flight recorder
-asks the simulated hccl group, a Python ProcessGroup subclass, for a group name it cannot have, and
-all_gather_single bypasses the group's Python methods)."""
-
-
 class TorchTooOld(RuntimeError):
     """This torch lacks an API a feature needs; the message names the version it needs."""
 
@@ -107,5 +101,5 @@ def is_dist_error(exc: BaseException) -> bool:
 
 
 def simulation_available() -> bool:
-    """Whether this torch can run the simulated NPU (torch 2.10 up to SIMULATION_BELOW)."""
-    return has("python_privateuse1") and TORCH[:2] < SIMULATION_BELOW
+    """Whether this torch can run the simulated NPU (it registers its device from Python: torch >= 2.10)."""
+    return has("python_privateuse1")

@@ -45,10 +45,6 @@ def install(mode: str = "npu", chips: int = 8) -> None:
         compat.require("python_privateuse1", "the simulated NPU (--simulate npu)")
     except compat.TorchTooOld as exc:
         raise SimulationError(str(exc)) from None
-    if compat.TORCH[:2] >= compat.SIMULATION_BELOW:
-        raise SimulationError(f"the simulated NPU runs on torch 2.10 to 2.14 (torch {torch.__version__} here): "
-                              "its hccl group is not yet ported to torch 2.15's ProcessGroup. Use torch <= 2.14 "
-                              "for --simulate npu.")
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     from npudist.comm.constraints import PROFILES

@@ -45,6 +45,11 @@ _OP_NAMES = MappingProxyType({
 })
 
 
+GLOO_CARRIER = MappingProxyType({torch.int16: torch.int32})
+"""Dtypes HCCL takes that gloo cannot carry (ProcessGroupGloo's type switch has no int16: "Invalid scalar
+type"), with the wider dtype gloo moves and reduces them in; the result is cast back, exactly."""
+
+
 class HcclError(RuntimeError):
     """What torch_npu raises when an HCCL call returns an error code."""
 
@@ -64,6 +69,7 @@ class SimHcclGroup(dist.ProcessGroup):
         host = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
         self._inner: dist.ProcessGroupGloo | None = host
         self.row = row
+        self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -96,16 +102,30 @@ class SimHcclGroup(dist.ProcessGroup):
     # -- the checks HCCL makes -------------------------------------------------------------------------
     def _host(self, call: str, tensors: Iterable[torch.Tensor], op: str | None = None) -> list[torch.Tensor]:
         out = []
-        for t in tensors:
-            if not isinstance(t, SimTensor):
-                SIM.counts.refused[call] += 1
-                raise RuntimeError(f"No backend type associated with device type {t.device.type}")
-            if not t.is_contiguous():
-                SIM.counts.refused[call] += 1
-                raise RuntimeError("Tensors must be contiguous")
-            self._check_row(call, t, op)
-            out.append(t.elem)
+        try:
+            for t in tensors:
+                if not isinstance(t, SimTensor):
+                    SIM.counts.refused[call] += 1
+                    raise RuntimeError(f"No backend type associated with device type {t.device.type}")
+                if not t.is_contiguous():
+                    SIM.counts.refused[call] += 1
+                    raise RuntimeError("Tensors must be contiguous")
+                self._check_row(call, t, op)
+                out.append(self._carried(t.elem))
+        except Exception:
+            self._write_back.clear()
+            raise
         return out
+
+    def _carried(self, held: torch.Tensor) -> torch.Tensor:
+        """The host tensor gloo moves: ``held`` itself, or a copy in GLOO_CARRIER's wider dtype whose result
+        is written back into ``held`` when the call is done."""
+        wider = GLOO_CARRIER.get(held.dtype)
+        if wider is None:
+            return held
+        wide = held.to(wider)
+        self._write_back.append((held, wide))
+        return wide
 
     def _check_row(self, call: str, t: torch.Tensor, op: str | None) -> None:
         # The strict row's reports concern data: torch's own integer bookkeeping (DDP's bucket-index and
@@ -126,10 +146,12 @@ class SimHcclGroup(dist.ProcessGroup):
         SIM.counts.refused[call] += 1
         raise HcclError(f"{call} failed: {name} (error code {_RESULT_CODES[name]}): {detail}")
 
-    @staticmethod
-    def _done(result: Any, inner_work: Any = None) -> Any:
+    def _done(self, result: Any, inner_work: Any = None) -> Any:
         if inner_work is not None:
             inner_work.wait()
+        for held, wide in self._write_back:
+            held.copy_(wide)  # a sum or product wraps modulo 2**16 either way: the same int16 bits as HCCL's
+        self._write_back.clear()
         fut: Future = Future()
         fut.set_result(result)
         return _create_work_from_future(fut)
@@ -183,6 +205,12 @@ class SimHcclGroup(dist.ProcessGroup):
         SIM.counts.add("reduce_scatter_tensor", [output])
         return self._done(output, self._host_group()._reduce_scatter_base(host_out, host_in, opts))
 
+    # The names torch's Python API calls (dist.all_gather_single / all_gather_into_tensor, reduce_scatter_tensor,
+    # all_to_all_single): bound here, so they reach the checks above instead of the C++ op registry, which
+    # would hand the host tensors to a group with no cpu backend.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         host = self._host("HcclReduce", tensors, _op_name(opts))
@@ -195,6 +223,16 @@ class SimHcclGroup(dist.ProcessGroup):
         host_out = [self._host("HcclGather", outs) for outs in output_lists]
         SIM.counts.add("gather", inputs)
         return self._done(output_lists, self._host_group().gather(host_out, host_in, opts))
+
+    def gather_single(self, output, input, opts=None):
+        # torch >= 2.15 (dist.gather_single): one output tensor on the root holding the ranks' inputs in order,
+        # an empty placeholder elsewhere; gloo's gather takes the root's output as one tensor per rank.
+        opts = opts if opts is not None else dist.GatherOptions()
+        (host_in,) = self._host("HcclGather", [input])
+        (host_out,) = self._host("HcclGather", [output])
+        rows = [list(host_out.view(self.size(), -1).unbind(0))] if self.rank() == opts.rootRank else []
+        SIM.counts.add("gather", [input])
+        return self._done(output, self._host_group().gather(rows, [host_in], opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -210,6 +248,8 @@ class SimHcclGroup(dist.ProcessGroup):
         SIM.counts.add("all_to_all_single", [input])
         work = self._host_group().alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts)
         return self._done(output, work)
+
+    all_to_all_single = alltoall_base
 
     def send(self, tensors, dst, tag=0):
         host = self._host("HcclSend", tensors)
@@ -242,3 +282,10 @@ def register(row: Constraints) -> None:
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, creator(row), devices=[DEVICE_TYPE])
+    # torch >= 2.15 attaches a Python flight-recorder hook to a group whose backend does not record itself,
+    # keyed on a group name a ProcessGroup subclass cannot have (distributed_c10d._maybe_attach_flight_recorder:
+    # "Such a group cannot be recorded"). Every call here is carried by gloo, which records itself, so the
+    # group is declared self-recording in the set torch keeps for that (_FR_SELF_RECORDING_BACKENDS).
+    self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if self_recording is not None:
+        self_recording.add(BACKEND)

@@ -120,9 +120,17 @@ def _written(func: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
 
 
 def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> Any:
-    """An in-place or out= op returns the tensor(s) it wrote: the caller's own wrappers, not new ones."""
+    """An in-place or out= op returns the tensor(s) it wrote: the caller's own wrappers, not new ones.
+
+    A wrapper's size is fixed when it is made, so an out= op that resized the host tensor (as out= ops
+    may, torch's "resize_output" rule) would leave a wrapper reporting the old size over the new data:
+    refused, naming the sizes, instead of returning a tensor whose shape lies."""
     written = [args[i] if i < len(args) else kwargs.get(name) for i, name in _written(func)]
     written = [w for w in written if isinstance(w, torch.Tensor)]
+    for w in written:
+        if isinstance(w, SimTensor) and w.shape != w.elem.shape:
+            raise RuntimeError(f"{func}: the simulated npu cannot resize an out= tensor from {list(w.shape)} to "
+                               f"{list(w.elem.shape)}; pass an out= tensor of the result's size, or none")
     if isinstance(out, (tuple, list)) and len(out) == len(written):
         return type(out)(written)
     if isinstance(out, torch.Tensor) and written:
@@ -212,11 +220,19 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
     return SimTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout))
 
 
+def _arange(*args: Any, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
+    return SimTensor(torch.arange(*args, dtype=dtype, layout=layout))
+
+
 def register_allocation_kernels(lib: torch.library.Library) -> None:
     """Factories (``torch.zeros(..., device="npu")``) reach PrivateUse1 through the two allocation ops;
     attention gets the host's kernel choice."""
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    # torch's arange allocates an empty tensor and lets arange.out resize it (RangeFactories.cpp), which a
+    # wrapper cannot follow (_in_place_result): the host computes it and the result is wrapped.
+    for overload in ("arange", "arange.start", "arange.start_step"):
+        lib.impl(overload, _arange, "PrivateUse1")
     # torch.tensor(data, device="npu") fills the new tensor with Python dispatch turned off, so the copy
     # reaches the backend key rather than SimTensor.__torch_dispatch__.
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
