@@ -16,7 +16,7 @@ from npudist._version import __version__
 # Sub-apps whose modules import torch (npudist.comm, the accelerator table): listed by name and help, and
 # imported only when run, so `npudist --help` answers without importing torch (torchrun's help does too).
 _LAZY = MappingProxyType({
-    "bench": ("npudist.comm.bench", "Benchmarks: `npudist bench collective --help`."),
+    "bench": ("npudist.bench", "Benchmarks: `npudist bench collective --help`."),
     "deploy": ("npudist.deploy.cli", "Cluster deployments: `npudist deploy k8s|slurm --help`."),
 })
 
@@ -76,13 +76,15 @@ def _root(
 def launch(ctx: typer.Context) -> None:
     from rich.markup import escape
 
+    argv = list(ctx.args)
+    if argv and argv[0] in ("-h", "--help"):
+        from npudist.launch_options import parser
+
+        parser().print_help()
+        raise typer.Exit(0)
     from npudist import launch as launcher
     from npudist.accelerators import AcceleratorUnavailable
 
-    argv = list(ctx.args)
-    if argv and argv[0] in ("-h", "--help"):
-        launcher.parser().print_help()
-        raise typer.Exit(0)
     try:
         if not argv:
             raise launcher.LaunchError(f"give the training script to run (usage: {launcher.USAGE}; see --help)")
