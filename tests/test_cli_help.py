@@ -27,7 +27,8 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "page": out.get
 """
 
 FAST = [["--help"], [], ["--version"], ["doctor", "--help"], ["exporter", "--help"], ["report", "--help"],
-        ["observe", "--help"], ["dashboards", "--help"], ["dashboards", "export", "--help"], ["migrate", "--help"],
+        ["observe", "--help"], ["diagnose", "--help"], ["dashboards", "--help"], ["dashboards", "export", "--help"],
+        ["migrate", "--help"],
         ["migrate", "check", "--help"], ["edge", "--help"], ["edge", "convert", "--help"],
         ["launch", "--help"], ["bench", "--help"], ["bench", "collective", "--help"], ["deploy", "--help"],
         ["deploy", "k8s", "--help"], ["deploy", "slurm", "--help"]]
@@ -49,8 +50,8 @@ def test_help_is_answered_without_importing_torch(argv):
 
 def test_the_top_level_page_lists_every_command_with_its_help():
     page = _help(["--help"])["page"]
-    for name in ("launch", "doctor", "exporter", "report", "observe", "dashboards", "migrate", "edge", "bench",
-                 "deploy"):
+    for name in ("launch", "doctor", "exporter", "report", "diagnose", "observe", "dashboards", "migrate", "edge",
+                 "bench", "deploy"):
         assert f" {name} " in page, name
     assert "npudist bench collective --help" in page and "npudist deploy k8s|slurm --help" in page
     assert "[npudist options] [torchrun options] SCRIPT [ARGS]" in page  # not eaten as rich markup

@@ -205,6 +205,29 @@ def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds m
                   "npudist launch examples/train_ddp.py --run-dir RUN_DIR")
 
 
+@app.command(help="Read RUN_DIR's hang reports, straggler diagnoses, run log and checkpoints back: what went "
+                  "wrong, on which rank, host and card, and what to run next. Exit 1 when something did.")
+def diagnose(run_dir: str = typer.Argument(..., help="The job's --run-dir."),
+             as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    import json
+
+    from npudist.report.diagnose import ReportError, lines
+    from npudist.report.diagnose import diagnose as read
+
+    try:
+        found = read(run_dir)
+    except (ReportError, OSError) as exc:
+        err.print(f"[bold red]npudist diagnose:[/] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps({"verdicts": [x.as_json() for x in found.verdicts],
+                               "problems": [vars(p) for p in found.problems],
+                               "straggler_files": found.straggler_files}, indent=1))
+    else:
+        typer.echo("\n".join(lines(found, run_dir)))
+    raise typer.Exit(1 if found.verdicts else 0)
+
+
 @app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file, print "
                   "its URL, run COMMAND (e.g. the job) or wait for Ctrl-C. `make observe` runs the demo under it.")
 def observe(

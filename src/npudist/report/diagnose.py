@@ -1,0 +1,108 @@
+"""`npudist diagnose RUN_DIR`: a run directory's hang reports, straggler diagnoses, run log and checkpoint
+directories read back into verdicts (verdicts.py), most severe first.
+
+The run directory is untrusted like the report's input: a file that is a symlink, too large or not the
+expected JSON is a problem line, never an exception; what can be read is still reported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npudist import runlog_schema as schema
+from npudist.checkpoint import layout
+from npudist.report import verdicts as v
+from npudist.report.records import Problem, ReportError, load_run, parse_json
+
+MAX_DOC = 4 << 20
+"""Largest diagnosis document read (bytes); a hang report over 8,192 ranks is a few MiB at most."""
+_DOCS = (("hang", re.compile(r"^hang-(attempt\d+|rank\d+)\.json$")),
+         ("straggler", re.compile(r"^straggler-step\d+(-rank\d+)?\.json$")))
+_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass
+class Diagnosis:
+    verdicts: list[v.Verdict] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    straggler_files: int = 0
+    """straggler-step*.json files found: none with a flagged rank in the run log means diagnosis files were off."""
+
+
+def _read_doc(path: Path) -> dict[str, Any]:
+    fd = os.open(path, _OPEN)  # a planted symlink or FIFO is refused, not followed or waited on
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = fh.read(MAX_DOC + 1)
+    if len(data) > MAX_DOC:
+        raise ValueError(f"larger than {MAX_DOC} bytes")
+    doc = parse_json(data.decode("utf-8", errors="replace"))
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+def diagnose(run_dir: str | Path) -> Diagnosis:
+    """Every verdict ``run_dir`` holds; ReportError when it is not a directory."""
+    root = Path(run_dir)
+    run = load_run(root)  # checks the directory; the run log's records are schema-checked there
+    out = Diagnosis(problems=list(run.problems))
+    known = v.places(run.records)
+    for entry in sorted(root.iterdir()):
+        kind = next((k for k, pattern in _DOCS if pattern.match(entry.name)), None)
+        if kind is not None:
+            out.straggler_files += kind == "straggler"
+            try:
+                doc = _read_doc(entry)
+            except (OSError, ValueError) as exc:
+                out.problems.append(Problem(entry.name, None, f"unreadable ({exc})"))
+                continue
+            if kind == "hang":
+                out.verdicts += v.hang_verdicts(doc, entry.name, known)
+            elif (found := v.straggler_verdict(doc, entry.name, known)) is not None:
+                out.verdicts.append(found)
+            continue
+        leftover = layout.parse_leftover(entry.name)
+        step = layout.parse_step(entry.name)
+        if leftover is not None and entry.is_dir() and not entry.is_symlink():
+            out.verdicts.append(v.checkpoint_verdict(leftover[1], leftover[0], entry.name, _mtime(entry)))
+        elif step is not None and entry.is_dir() and not entry.is_symlink() \
+                and not (entry / layout.MANIFEST).is_file():
+            out.verdicts.append(v.checkpoint_verdict(step, "manifest", entry.name, _mtime(entry)))
+    if not out.straggler_files:
+        out.verdicts += v.logged_stragglers(run.records, known, f"{schema.METRICS_DIR}/rank*.jsonl")
+    out.verdicts = v.ordered(out.verdicts)
+    return out
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return None
+
+
+def lines(diag: Diagnosis, run_dir: str) -> list[str]:
+    """The console answer: the headline, then each verdict with where, when and what to run next."""
+    out = [f"npudist diagnose {run_dir}: {v.headline(diag.verdicts)}"]
+    for i, verdict in enumerate(diag.verdicts, 1):
+        when = v.iso(verdict.time) or "time unknown"
+        out.append(f"{i}. {verdict.kind} at {when}: {v.where(verdict.rank, verdict.place)} ({verdict.source})")
+        out.append(f"   {verdict.summary}")
+        out += [f"   next: {cmd}" for cmd in verdict.next_commands]
+    if not diag.straggler_files and not any(x.kind == "straggler" for x in diag.verdicts):
+        out.append("straggler diagnosis files: none (off unless the job runs with --straggler-diagnosis WINDOWS, "
+                   "which writes RUN_DIR/straggler-step*.json with the cause)")
+    out += [f"skipped {p.source}{'' if p.line is None else f':{p.line}'}: {p.reason}" for p in diag.problems[:20]]
+    if len(diag.problems) > 20:
+        out.append(f"... and {len(diag.problems) - 20} more unusable record(s)")
+    return out
+
+
+__all__ = ["Diagnosis", "ReportError", "diagnose", "lines"]
