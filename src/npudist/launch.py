@@ -27,11 +27,13 @@ from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     PORT_VAR,
     PROFILE_VAR,
+    RUN_ID_VAR,
     SIMULATE_MODES,
     SIMULATE_VAR,
     Settings,
     SettingsError,
 )
+from npudist.telemetry.exposition.run_label import RUN_ID_SOURCES, new_run_id
 
 
 class LaunchError(RuntimeError):
@@ -232,6 +234,11 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
         the_plan.env_updates[OMP_VAR] = "1"
         the_plan.notes.append(f"{OMP_VAR}=1 for each of the {nproc} ranks, so they do not oversubscribe this "
                               f"host's {os.cpu_count()} cores; export {OMP_VAR} to choose another value")
+    if single_node and not any(env.get(v, "") not in ("", "none") for v in RUN_ID_SOURCES) \
+            and ns.rdzv_id in ("", "none"):
+        # The ranks' `run` label (telemetry/exposition/run_label.py): one value for this launch's ranks, so
+        # the next run on the same ports is told apart in Prometheus.
+        the_plan.env_updates[RUN_ID_VAR] = new_run_id()
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
     if not single_node and not ns.standalone:
