@@ -228,8 +228,9 @@ def diagnose(run_dir: str = typer.Argument(..., help="The job's --run-dir."),
     raise typer.Exit(1 if found.verdicts else 0)
 
 
-@app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file, print "
-                  "its URL, run COMMAND (e.g. the job) or wait for Ctrl-C. `make observe` runs the demo under it.")
+@app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file and "
+                  "`npudist exporter` for this host's devices, print the URL, run COMMAND (e.g. the job) and keep "
+                  "Prometheus up after it until Ctrl-C. `make observe` runs the demo under it.")
 def observe(
     command: Annotated[list[str] | None, typer.Argument(
         help="After --: the job to run while Prometheus watches it.")] = None,
@@ -239,6 +240,11 @@ def observe(
     node_target: Annotated[list[str] | None, typer.Option(
         help="`npudist exporter` HOST:PORT to scrape too (repeatable).")] = None,
     prometheus: Annotated[str | None, typer.Option(help="Path of the prometheus binary (default: on PATH).")] = None,
+    exporter_port: int = typer.Option(9400, help="Port of the `npudist exporter` started for this host's devices "
+                                      "(0: start none)."),
+    exporter_source: str = typer.Option("auto", help="Its --source (auto, npu-smi, rknpu, nvml, cpu)."),
+    keep: bool = typer.Option(None, "--keep-after/--exit-after", help="Keep Prometheus answering after COMMAND "
+                              "ends, until Ctrl-C (default on a terminal), or stop with it."),
 ) -> None:
     from pathlib import Path
 
@@ -246,7 +252,9 @@ def observe(
     from npudist.dashboards.observe import observe as run_observe
 
     opts = ObserveOptions(targets_file=Path(targets_file), out=Path(out), port=port,
-                          node_targets=tuple(node_target or ()), prometheus=prometheus)
+                          node_targets=tuple(node_target or ()), prometheus=prometheus,
+                          exporter_port=exporter_port or None, exporter_source=exporter_source,
+                          keep=sys.stdin.isatty() if keep is None else keep)
     try:
         code = run_observe(opts, command or ())
     except (ObserveError, OSError) as exc:
