@@ -27,13 +27,14 @@ from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     PORT_VAR,
     PROFILE_VAR,
+    RUN_ID_SOURCES,
     RUN_ID_VAR,
     SIMULATE_MODES,
     SIMULATE_VAR,
     Settings,
     SettingsError,
 )
-from npudist.telemetry.exposition.run_label import RUN_ID_SOURCES, new_run_id
+from npudist.telemetry.exposition.run_label import new_run_id
 
 
 class LaunchError(RuntimeError):

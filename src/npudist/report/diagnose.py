@@ -7,23 +7,17 @@ expected JSON is a problem line, never an exception; what can be read is still r
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from npudist import runlog_schema as schema
 from npudist.checkpoint import layout
 from npudist.report import verdicts as v
-from npudist.report.records import Problem, ReportError, load_run, parse_json
+from npudist.report.records import Problem, ReportError, load_run, read_doc
 
-MAX_DOC = 4 << 20
-"""Largest diagnosis document read (bytes); a hang report over 8,192 ranks is a few MiB at most."""
 _DOCS = (("hang", re.compile(r"^hang-(attempt\d+|rank\d+)\.json$")),
          ("straggler", re.compile(r"^straggler-step\d+(-rank\d+)?\.json$")))
-_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass
@@ -32,20 +26,6 @@ class Diagnosis:
     problems: list[Problem] = field(default_factory=list)
     straggler_files: int = 0
     """straggler-step*.json files found: none with a flagged rank in the run log means diagnosis files were off."""
-
-
-def _read_doc(path: Path) -> dict[str, Any]:
-    fd = os.open(path, _OPEN)  # a planted symlink or FIFO is refused, not followed or waited on
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = fh.read(MAX_DOC + 1)
-    if len(data) > MAX_DOC:
-        raise ValueError(f"larger than {MAX_DOC} bytes")
-    doc = parse_json(data.decode("utf-8", errors="replace"))
-    if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
-    return doc
 
 
 def diagnose(run_dir: str | Path) -> Diagnosis:
@@ -58,15 +38,17 @@ def diagnose(run_dir: str | Path) -> Diagnosis:
         kind = next((k for k, pattern in _DOCS if pattern.match(entry.name)), None)
         if kind is not None:
             out.straggler_files += kind == "straggler"
+            if kind == "straggler":  # load_run read these (and listed the unreadable ones as problems)
+                doc = run.diagnosis_docs.get(entry.name)
+                found = v.straggler_verdict(doc, entry.name, known) if doc is not None else None
+                out.verdicts += [found] if found is not None else []
+                continue
             try:
-                doc = _read_doc(entry)
+                doc = read_doc(entry)
             except (OSError, ValueError) as exc:
                 out.problems.append(Problem(entry.name, None, f"unreadable ({exc})"))
                 continue
-            if kind == "hang":
-                out.verdicts += v.hang_verdicts(doc, entry.name, known)
-            elif (found := v.straggler_verdict(doc, entry.name, known)) is not None:
-                out.verdicts.append(found)
+            out.verdicts += v.hang_verdicts(doc, entry.name, known)
             continue
         leftover = layout.parse_leftover(entry.name)
         step = layout.parse_step(entry.name)

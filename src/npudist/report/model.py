@@ -10,10 +10,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from npudist.report import verdicts
 from npudist.report.records import Problem, RunFile, RunRecords
+from npudist.report.verdicts import Verdict
 from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE
 
 SKEW_THRESHOLD = SKEW_REFERENCE
@@ -67,6 +69,8 @@ class ReportData:
     skew_threshold: float = SKEW_THRESHOLD
     run_logs: int = 0
     """Rank log files read (0: the page can only say how to make them)."""
+    diagnosis_verdicts: dict[str, Verdict] = field(default_factory=dict)
+    """Straggler diagnosis file name -> what it says (rank, host, card, ratio, cause, next command)."""
     work_time: tuple[Series, ...] = ()
     """Per rank, mean work time per step per skew window (excludes the wait in collectives)."""
 
@@ -283,5 +287,7 @@ def build(run: RunRecords) -> ReportData:
         card=card(run),
         run_logs=run.rank_files,
         diagnoses=tuple(run.diagnoses),
+        diagnosis_verdicts={name: found for name, doc in run.diagnosis_docs.items()
+                            if (found := verdicts.straggler_verdict(doc, name, verdicts.places(run.records)))},
         checkpoints=tuple(run.checkpoints),
     )

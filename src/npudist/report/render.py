@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npudist.report import verdicts
 from npudist.report.model import DEVICE_PLOTS, WORST_WINDOWS, ReportData, Series, utc_time
 from npudist.report.records import RunFile
 from npudist.report.svg import line_chart, number_label
@@ -123,8 +124,21 @@ def _files(files: Sequence[RunFile], missing: str, headers: Sequence[str], size:
 
 
 def _diagnoses(data: ReportData) -> str:
-    return _files(data.diagnoses, "None written (examples/train_ddp.py --straggler-diagnosis N writes one after N "
-                  "skewed windows in a row).", ("file", "step", "written"), size=False)
+    if not data.diagnoses:
+        return ('<p class="not-recorded">None written. Diagnosis files are off unless the job runs with '
+                "--straggler-diagnosis WINDOWS (examples/train_ddp.py), which writes one after WINDOWS flagged "
+                "windows in a row; `npudist diagnose RUN_DIR` reads them back with hangs and checkpoints.</p>")
+    head = "".join(f"<th>{h}</th>" for h in ("file", "where", "what", "next", "written"))
+    rows = []
+    for f in data.diagnoses:
+        found = data.diagnosis_verdicts.get(f.path.name)
+        where = verdicts.where(found.rank, found.place) if found else "unreadable (see Data problems)"
+        what = found.summary if found else ""
+        nxt = "; ".join(found.next_commands) if found else ""
+        rows.append(f'<tr><td class="l">{_link(f.path)}</td><td class="l">{escape(where)}</td>'
+                    f'<td class="l">{escape(what)}</td><td class="l"><code>{escape(nxt)}</code></td>'
+                    f"<td>{escape(utc_time(f.mtime))}</td></tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 def _checkpoints(data: ReportData) -> str:

@@ -15,10 +15,8 @@ import re
 import time
 from collections.abc import Mapping
 
-from npudist.runtime.settings import RUN_DIR_VAR, RUN_ID_VAR
+from npudist.runtime.settings import RUN_DIR_VAR, RUN_ID_SOURCES
 
-RUN_ID_SOURCES = (RUN_ID_VAR, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
-"""Variables naming the run, first found wins."""
 MAX_LEN = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:@+-]")
 
