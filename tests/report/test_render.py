@@ -122,3 +122,12 @@ def test_a_flat_zero_ratio_line_gets_a_0_to_1_axis():
     svg = line_chart([Series("skew", ((1.0, 0.0), (2.0, 0.0)))], title="t", x_label="x", y_label="y",
                      y_from_zero=True, y_max=1.0)
     assert ">-1<" not in svg and ">1<" in svg and ">0<" in svg
+
+
+def test_a_benchmark_reading_is_dated_by_its_file(tmp_path):
+    import os
+
+    root = write_run(tmp_path)
+    os.utime(root / "bench" / "all_reduce.json", (1_700_000_000, 1_700_000_000))
+    (series,) = build(load_run(root)).bench
+    assert series.name.endswith("(bench/all_reduce.json, 2023-11-14 22:13:20 UTC)")

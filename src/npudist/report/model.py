@@ -173,8 +173,9 @@ def bench_series(run: RunRecords) -> tuple[Series, ...]:
     out = []
     for b in run.bench:
         m = b.meta
+        dated = f", {utc_time(b.written)}" if b.written is not None else ""
         name = (f"{m.get('op', '?')} {m.get('dtype', '')} {m.get('world', '?')} ranks "
-                f"{m.get('backend', '')} ({b.source})").replace("  ", " ")
+                f"{m.get('backend', '')} ({b.source}{dated})").replace("  ", " ")
         points = tuple(sorted((r["size_bytes"], r["busbw_gbps"]) for r in b.rows))
         if points:
             out.append(Series(name, points))

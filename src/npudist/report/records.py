@@ -8,6 +8,8 @@ short, and nothing nests deeper than the format defines.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -41,6 +43,8 @@ class BenchResult:
     """op, dtype, world, backend as short strings (absent when the file had no usable value)."""
     rows: tuple[dict[str, float], ...]
     """size_bytes (> 0) and busbw_gbps, both finite."""
+    written: float | None = None
+    """When the result file was written (its modification time): a reading is dated, not timeless."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,8 @@ def load_run(run_dir: str | Path) -> RunRecords:
         result, problems = parse_bench(text, source)
         out.problems += problems
         if result is not None:
+            with contextlib.suppress(OSError):
+                result = dataclasses.replace(result, written=path.stat().st_mtime)
             out.bench.append(result)
     out.diagnoses, out.checkpoints = run_files(root)
     for f in out.diagnoses:
