@@ -63,7 +63,8 @@ def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
     base = _free_base()
     p = plan(["--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
               str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {"OMP_NUM_THREADS": "1"})
-    assert p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
+    run = p.env_updates.pop("NPUDIST_RUN_ID")  # the ranks' run label (run_label.py), one per launch
+    assert run and p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
     assert p.targets_file == str(tmp_path / "t.json")
     assert p.targets == _doc(base)
     assert "--metrics-port" not in p.torchrun_argv and "--targets-file" not in p.torchrun_argv
@@ -72,7 +73,7 @@ def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
 
 def test_plan_without_metrics_changes_nothing():
     p = plan(["--nproc-per-node", "2", "train.py"], CPU, {"OMP_NUM_THREADS": "1"})
-    assert p.env_updates == {} and p.targets_file is None
+    assert set(p.env_updates) <= {"NPUDIST_RUN_ID"} and p.targets_file is None
 
 
 def test_plan_refuses_bad_metrics_options():
