@@ -5,6 +5,7 @@ METRICS_PORT ?= 9500
 RUN_DIR ?= runs/demo
 
 PROM_PORT ?= 10190
+EXPORTER_PORT ?= 9400
 OBSERVE_STEPS ?= 20000
 
 .PHONY: setup demo test lint observe
@@ -20,9 +21,12 @@ demo: setup
 	$(PYTHON) -m npudist report $(RUN_DIR) -o $(RUN_DIR)/report.html
 
 # The demo, long enough to watch (OBSERVE_STEPS, about 10 minutes on a laptop CPU), under a real Prometheus
-# on 127.0.0.1:$(PROM_PORT) that scrapes its ranks and evaluates npudist's alert rules; prints the URL.
+# on 127.0.0.1:$(PROM_PORT) that scrapes its ranks and `npudist exporter` for this host's devices (on
+# 127.0.0.1:$(EXPORTER_PORT)) and evaluates npudist's alert rules; prints the URL. Prometheus keeps
+# answering after the job ends, until Ctrl-C.
 observe: setup
-	$(PYTHON) -m npudist observe --targets-file $(RUN_DIR)/targets.json --port $(PROM_PORT) -- \
+	$(PYTHON) -m npudist observe --targets-file $(RUN_DIR)/targets.json --port $(PROM_PORT) \
+		--exporter-port $(EXPORTER_PORT) -- \
 		$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
 		--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(OBSERVE_STEPS) --run-dir $(RUN_DIR)
 

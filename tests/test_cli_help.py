@@ -27,8 +27,11 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "page": out.get
 """
 
 FAST = [["--help"], [], ["--version"], ["doctor", "--help"], ["exporter", "--help"], ["report", "--help"],
-        ["observe", "--help"], ["dashboards", "--help"], ["dashboards", "export", "--help"], ["migrate", "--help"],
-        ["migrate", "check", "--help"], ["edge", "--help"], ["edge", "convert", "--help"]]
+        ["observe", "--help"], ["diagnose", "--help"], ["dashboards", "--help"], ["dashboards", "export", "--help"],
+        ["migrate", "--help"],
+        ["migrate", "check", "--help"], ["edge", "--help"], ["edge", "convert", "--help"],
+        ["launch", "--help"], ["bench", "--help"], ["bench", "collective", "--help"], ["deploy", "--help"],
+        ["deploy", "k8s", "--help"], ["deploy", "slurm", "--help"]]
 
 
 def _help(argv: list[str]) -> dict:
@@ -42,13 +45,13 @@ def _help(argv: list[str]) -> dict:
 def test_help_is_answered_without_importing_torch(argv):
     got = _help(argv)
     assert got["code"] in (0, 2, None) and not got["torch"], got
-    assert ("npudist" in got["page"]) and ("Usage" in got["page"] or got["page"].startswith("npudist "))
+    assert ("npudist" in got["page"]) and ("usage" in got["page"].lower() or got["page"].startswith("npudist "))
 
 
 def test_the_top_level_page_lists_every_command_with_its_help():
     page = _help(["--help"])["page"]
-    for name in ("launch", "doctor", "exporter", "report", "observe", "dashboards", "migrate", "edge", "bench",
-                 "deploy"):
+    for name in ("launch", "doctor", "exporter", "report", "diagnose", "observe", "dashboards", "migrate", "edge",
+                 "bench", "deploy"):
         assert f" {name} " in page, name
     assert "npudist bench collective --help" in page and "npudist deploy k8s|slurm --help" in page
     assert "[npudist options] [torchrun options] SCRIPT [ARGS]" in page  # not eaten as rich markup
@@ -57,3 +60,29 @@ def test_the_top_level_page_lists_every_command_with_its_help():
 def test_the_lazy_commands_still_run():
     got = _help(["deploy", "k8s", "--help"])
     assert got["code"] in (0, None) and "--namespace" in got["page"]
+
+
+def test_launch_help_lists_npudists_options_then_torchruns_without_torch():
+    page = _help(["launch", "--help"])["page"]
+    assert page.index("--metrics-port") < page.index("--nnodes") and "--rdzv-backend" in page
+
+
+def test_torchrun_parser_read_from_source_is_torchruns_own():
+    """The parser compiled from torch/distributed/run.py answers as torch's import of it does (env fallbacks
+    included: PET_NNODES is read by argparse_util's env action)."""
+    from torch.distributed.run import get_args_parser
+
+    from npudist.torchrun_parser import _from_source
+
+    ours, theirs = _from_source(), get_args_parser()
+    assert ours.format_help() == theirs.format_help()
+    argv = ["--nnodes", "2", "--rdzv-id", "j1", "--standalone", "train.py", "--lr", "1"]
+    assert vars(ours.parse_args(argv)) == vars(theirs.parse_args(argv))
+
+
+@pytest.mark.parametrize(("argv", "only"), [(["launch", "--help"], True), (["launch", "train.py", "--help"], False),
+                                            (["launch", "--nnodes", "2", "-h"], False), (["bench", "--help"], True)])
+def test_help_after_the_launched_script_belongs_to_the_script(argv, only):
+    from npudist.__main__ import help_only
+
+    assert help_only(argv) is only

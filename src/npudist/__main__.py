@@ -39,14 +39,15 @@ def _import_torch(argv: list[str]) -> None:
 
 
 _HELP = ("--help", "-h", "--version")
-# `launch --help` prints torchrun's own options, so it needs torch; bench and deploy import it (CLI help).
-_HELP_NEEDS_TORCH = ("launch",)
 
 
 def help_only(argv: list[str]) -> bool:
-    """The command line only asks for help or the version (before any `--`): no torch needed to answer."""
+    """The command line only asks for help or the version (before any `--`): no torch needed to answer.
+    After `launch`, words past the first belong to torchrun or the script (`launch train.py --help`)."""
     words = argv[:argv.index("--")] if "--" in argv else argv
-    return not words or (any(w in _HELP for w in words) and words[0] not in _HELP_NEEDS_TORCH)
+    if words[:1] == ["launch"]:
+        return words[1:2] in (["--help"], ["-h"])
+    return not words or any(w in _HELP for w in words)
 
 
 def main() -> None:

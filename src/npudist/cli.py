@@ -16,7 +16,7 @@ from npudist._version import __version__
 # Sub-apps whose modules import torch (npudist.comm, the accelerator table): listed by name and help, and
 # imported only when run, so `npudist --help` answers without importing torch (torchrun's help does too).
 _LAZY = MappingProxyType({
-    "bench": ("npudist.comm.bench", "Benchmarks: `npudist bench collective --help`."),
+    "bench": ("npudist.bench", "Benchmarks: `npudist bench collective --help`."),
     "deploy": ("npudist.deploy.cli", "Cluster deployments: `npudist deploy k8s|slurm --help`."),
 })
 
@@ -76,13 +76,15 @@ def _root(
 def launch(ctx: typer.Context) -> None:
     from rich.markup import escape
 
+    argv = list(ctx.args)
+    if argv and argv[0] in ("-h", "--help"):
+        from npudist.launch_options import parser
+
+        parser().print_help()
+        raise typer.Exit(0)
     from npudist import launch as launcher
     from npudist.accelerators import AcceleratorUnavailable
 
-    argv = list(ctx.args)
-    if argv and argv[0] in ("-h", "--help"):
-        launcher.parser().print_help()
-        raise typer.Exit(0)
     try:
         if not argv:
             raise launcher.LaunchError(f"give the training script to run (usage: {launcher.USAGE}; see --help)")
@@ -203,8 +205,32 @@ def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds m
                   "npudist launch examples/train_ddp.py --run-dir RUN_DIR")
 
 
-@app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file, print "
-                  "its URL, run COMMAND (e.g. the job) or wait for Ctrl-C. `make observe` runs the demo under it.")
+@app.command(help="Read RUN_DIR's hang reports, straggler diagnoses, run log and checkpoints back: what went "
+                  "wrong, on which rank, host and card, and what to run next. Exit 1 when something did.")
+def diagnose(run_dir: str = typer.Argument(..., help="The job's --run-dir."),
+             as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    import json
+
+    from npudist.report.diagnose import ReportError, lines
+    from npudist.report.diagnose import diagnose as read
+
+    try:
+        found = read(run_dir)
+    except (ReportError, OSError) as exc:
+        err.print(f"[bold red]npudist diagnose:[/] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps({"verdicts": [x.as_json() for x in found.verdicts],
+                               "problems": [vars(p) for p in found.problems],
+                               "straggler_files": found.straggler_files}, indent=1))
+    else:
+        typer.echo("\n".join(lines(found, run_dir)))
+    raise typer.Exit(1 if found.verdicts else 0)
+
+
+@app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file and "
+                  "`npudist exporter` for this host's devices, print the URL, run COMMAND (e.g. the job) and keep "
+                  "Prometheus up after it until Ctrl-C. `make observe` runs the demo under it.")
 def observe(
     command: Annotated[list[str] | None, typer.Argument(
         help="After --: the job to run while Prometheus watches it.")] = None,
@@ -214,6 +240,11 @@ def observe(
     node_target: Annotated[list[str] | None, typer.Option(
         help="`npudist exporter` HOST:PORT to scrape too (repeatable).")] = None,
     prometheus: Annotated[str | None, typer.Option(help="Path of the prometheus binary (default: on PATH).")] = None,
+    exporter_port: int = typer.Option(9400, help="Port of the `npudist exporter` started for this host's devices "
+                                      "(0: start none)."),
+    exporter_source: str = typer.Option("auto", help="Its --source (auto, npu-smi, rknpu, nvml, cpu)."),
+    keep: bool = typer.Option(None, "--keep-after/--exit-after", help="Keep Prometheus answering after COMMAND "
+                              "ends, until Ctrl-C (default on a terminal), or stop with it."),
 ) -> None:
     from pathlib import Path
 
@@ -221,7 +252,9 @@ def observe(
     from npudist.dashboards.observe import observe as run_observe
 
     opts = ObserveOptions(targets_file=Path(targets_file), out=Path(out), port=port,
-                          node_targets=tuple(node_target or ()), prometheus=prometheus)
+                          node_targets=tuple(node_target or ()), prometheus=prometheus,
+                          exporter_port=exporter_port or None, exporter_source=exporter_source,
+                          keep=sys.stdin.isatty() if keep is None else keep)
     try:
         code = run_observe(opts, command or ())
     except (ObserveError, OSError) as exc:

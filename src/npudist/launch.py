@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from npudist import launch_multinode as multinode
 from npudist.accelerators import Accelerator
+from npudist.launch_options import USAGE, parser
 from npudist.runtime import network
 from npudist.runtime.env import rank_info, torchrun_env
 from npudist.runtime.network import Interface
@@ -26,11 +27,14 @@ from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     PORT_VAR,
     PROFILE_VAR,
+    RUN_ID_SOURCES,
+    RUN_ID_VAR,
     SIMULATE_MODES,
     SIMULATE_VAR,
     Settings,
     SettingsError,
 )
+from npudist.telemetry.exposition.run_label import new_run_id
 
 
 class LaunchError(RuntimeError):
@@ -57,61 +61,6 @@ class LaunchPlan:
     peer_snapshots: int | None = None
     """Steps between in-memory peer snapshots (--peer-snapshots); this process then serves the node's holder."""
     peer_bind: str = "127.0.0.1"
-
-
-USAGE = "npudist launch [npudist options] [torchrun options] SCRIPT [ARGS...]"
-DESCRIPTION = """\
-Start SCRIPT on every rank of this node through torchrun, with what torchrun cannot know filled in:
---nproc-per-node defaults to one rank per device of the detected accelerator (2 on a CPU), a single-node
-job gets a free --master-port instead of 29500, and --metrics-port/--targets-file give Prometheus the ranks'
-endpoints (the file is emptied when the job ends). npudist's own options come first; every other option is
-torchrun's, passed through unchanged (https://pytorch.org/docs/stable/elastic/run.html)."""
-_HELP = MappingProxyType({
-    "nproc_per_node": "npudist: ranks on this node, a positive integer or auto (default) = one per device of "
-                      "the accelerator (NPUDIST_CPU_NPROC, default 2, on a CPU)",
-    "training_script": "the training script's path (checked before torchrun starts), then its own arguments",
-    "training_script_args": argparse.SUPPRESS,
-})
-
-
-def parser() -> argparse.ArgumentParser:
-    """torchrun's parser plus npudist's own options; `--help` lists npudist's first, torchrun's after."""
-    from torch.distributed.run import get_args_parser
-
-    p = get_args_parser()
-    p.prog, p.usage, p.description = "npudist launch", USAGE, DESCRIPTION
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    # Options are matched whole: an abbreviation ("--metrics" for --metrics-port) would be acted on here
-    # and still reach torchrun, which reads it its own way or fails on it.
-    p.allow_abbrev = False
-    group = p.add_argument_group("npudist options")
-    group.add_argument("--accelerator", default=None, metavar="NAME",
-                       help="use this accelerator (npu, cuda, mlu, rknpu, cpu) instead of detecting one; "
-                       "the ranks get NPUDIST_ACCELERATOR=NAME")
-    group.add_argument("--mpi", action="store_true",
-                       help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")
-    group.add_argument("--metrics-port", type=int, default=None,
-                       help="each rank serves Prometheus metrics on this port + its local rank")
-    group.add_argument("--targets-file", default=None,
-                       help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
-                       "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")
-    group.add_argument("--simulate", default=None, metavar="|".join(SIMULATE_MODES),
-                       help="run every rank on the simulated Ascend NPU (npudist.sim) with a simulated hccl; "
-                       "npu:strict also enforces the hccl-strict rules. `import torch_npu` loads the simulation")
-    group.add_argument("--peer-snapshots", type=int, default=None, metavar="K",
-                       help="every K steps each rank's state is copied to the host memory of a rank on another "
-                       "node (this node's holder runs in this process and outlives worker restarts); a "
-                       "restart resumes from the freshest verified copy, else from disk")
-    group.add_argument("--peer-snapshot-bind", default="127.0.0.1", metavar="HOST",
-                       help="address this node's snapshot holder listens on (default 127.0.0.1; give this "
-                       "node's address on the job's network for a job over several nodes)")
-    for action in p._actions:  # torchrun's text offers gpu/cpu/xpu, which npudist answers itself
-        action.help = _HELP.get(action.dest, action.help)
-    p._optionals.title = "torchrun options (passed through to torchrun)"
-    p._positionals.title = "script"
-    # Help order: npudist's options, then the script, then torchrun's.
-    p._action_groups[:] = [group, p._positionals, *[g for g in p._action_groups if g not in (group, p._positionals)]]
-    return p
 
 
 _OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1,
@@ -293,6 +242,11 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
         the_plan.env_updates[OMP_VAR] = "1"
         the_plan.notes.append(f"{OMP_VAR}=1 for each of the {nproc} ranks, so they do not oversubscribe this "
                               f"host's {os.cpu_count()} cores; export {OMP_VAR} to choose another value")
+    if single_node and not any(env.get(v, "") not in ("", "none") for v in RUN_ID_SOURCES) \
+            and ns.rdzv_id in ("", "none"):
+        # The ranks' `run` label (telemetry/exposition/run_label.py): one value for this launch's ranks, so
+        # the next run on the same ports is told apart in Prometheus.
+        the_plan.env_updates[RUN_ID_VAR] = new_run_id()
     if not static and not ns.standalone and SHARE_STORE_OPT_OUT not in env:
         the_plan.env_updates[SHARE_STORE_OPT_OUT] = "1"
     if not single_node and not ns.standalone:

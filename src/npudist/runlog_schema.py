@@ -161,6 +161,7 @@ KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
     Kind("start", "run (or resume) starts", (
         Field("world", "count", "world size", required=True),
         Field("node", "text", "host name"),
+        Field("run", "text", "the run label of the rank's metrics (NPUDIST_RUN_ID, Slurm job id, rendezvous id)"),
         Field("accelerator", "text", "accelerator row name (npu, cuda, cpu, ...)"),
         Field("backend", "text", "process group backend"),
         Field("start_step", "count", "step the segment resumes after (0: a fresh run)", required=True),

@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from npudist.comm.bench import bus_factor, parse_size, run_ranks, sizes, summarise
+from npudist.bench import bus_factor, parse_size, run_ranks, sizes, summarise
 from npudist.runtime import compat
 from tests.conftest import run_npudist
 

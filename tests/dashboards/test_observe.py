@@ -2,38 +2,63 @@
 
 import http.server
 import json
+import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from npudist.dashboards.observe import ObserveError, wait_ready
-from tests.conftest import run_npudist
+from tests.conftest import child_env, run_npudist
 from tests.dashboards.prom import PROMETHEUS, free_port
 
 PROBE = """
-import json, sys, urllib.request
+import json, sys, time, urllib.parse, urllib.request
 url = sys.argv[1]
 rules = json.load(urllib.request.urlopen(url + "/api/v1/rules", timeout=10))
 names = [r["name"] for g in rules["data"]["groups"] for r in g["rules"] if r["type"] == "alerting"]
-open(sys.argv[2], "w").write(json.dumps(names))
+devices, end = [], time.monotonic() + 90
+while not devices and time.monotonic() < end:  # the host's exporter, scraped every 5 s
+    q = urllib.parse.quote("npudist_device_up")
+    devices = json.load(urllib.request.urlopen(url + "/api/v1/query?query=" + q, timeout=10))["data"]["result"]
+    time.sleep(1)
+open(sys.argv[2], "w").write(json.dumps({"alerts": names, "devices": [d["metric"] for d in devices]}))
 """
 
 
 @pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="Debian prometheus not installed")
-def test_observe_runs_prometheus_on_the_targets_file_while_the_job_runs(tmp_path):
+def test_observe_runs_prometheus_and_the_hosts_exporter_and_keeps_answering_after_the_job(tmp_path):
     port, seen = free_port(), tmp_path / "seen.json"
     (tmp_path / "probe.py").write_text(PROBE)
-    res = run_npudist(["observe", "--targets-file", str(tmp_path / "targets.json"), "--port", str(port),
-                       "--out", str(tmp_path / "obs"), "--", sys.executable, str(tmp_path / "probe.py"),
-                       f"http://127.0.0.1:{port}", str(seen)], timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"Prometheus at http://127.0.0.1:{port}" in res.stdout
-    assert "docker run" in res.stdout  # how to add Grafana: Debian has no grafana package
-    assert "NpudistRankDown" in json.loads(seen.read_text())  # the rules were loaded while the job ran
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npudist", "observe", "--targets-file", str(tmp_path / "targets.json"), "--port",
+         str(port), "--exporter-port", str(free_port()), "--out", str(tmp_path / "obs"), "--keep-after", "--",
+         sys.executable, str(tmp_path / "probe.py"), f"http://127.0.0.1:{port}", str(seen)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "the job ended" in line:
+                break
+        # The job is over and Prometheus still answers with its data, until Ctrl-C.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    out = "".join(lines) + rest
+    assert proc.returncode == 0, out
+    assert f"Prometheus at http://127.0.0.1:{port}" in out and "docker run" in out  # Debian has no grafana
+    assert "stopped; data kept in" in out and "exited with" not in out
+    got = json.loads(seen.read_text())
+    assert "NpudistRankDown" in got["alerts"]  # the rules were loaded while the job ran
+    assert got["devices"] and {d["vendor"] for d in got["devices"]} <= {"cpu", "npu", "cuda", "mlu", "rknpu"}
     config = yaml.safe_load((tmp_path / "obs" / "prometheus" / "prometheus.yml").read_text())
     assert config["scrape_configs"][0]["file_sd_configs"][0]["files"] == [str((tmp_path / "targets.json").resolve())]
 

@@ -144,14 +144,14 @@ def test_edge_metrics_latency_failures_and_core_mask(fake_rknnlite, tmp_path: Pa
     runner = RKNNLiteRunner(str(_rknn_model(tmp_path / "m.rknn")), core_mask="0_1")
     server = EnsembleServer(runner, num_classes=3)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EdgeCollector(CollectorHealth(), ("2", "0", "board2", "", ""), lambda: server.stats))
+    registry.register(EdgeCollector(CollectorHealth(), ("2", "0", "board2", "", "", ""), lambda: server.stats))
     server.predict(torch.tensor([[1.0, 2.0]]))
     fake_rknnlite.CALLS.clear()
     runner.rknn.ready = False  # the runtime now returns None, as the real one does after an NPU error
     with pytest.raises(EnsembleError, match="1 of 1 ensemble members failed"):
         server.predict(torch.tensor([[1.0, 2.0]]))
     text = generate_latest(registry).decode()
-    labels = 'chip="",core_mask="0_1",device="",local_rank="0",node="board2",rank="2",runtime="rknnlite"'
+    labels = 'chip="",core_mask="0_1",device="",local_rank="0",node="board2",rank="2",run="",runtime="rknnlite"'
     assert f"npudist_edge_inference_duration_seconds_count{{{labels}}} 2.0" in text
     assert f"npudist_edge_inference_failures_total{{{labels}}} 1.0" in text
     assert f"npudist_edge_runtime_info{{{labels}}} 1.0" in text

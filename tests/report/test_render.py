@@ -1,3 +1,4 @@
+import json
 import re
 from decimal import Decimal
 
@@ -50,7 +51,8 @@ def test_chart_without_points_is_refused():
 def test_page_has_every_plot_and_no_script(tmp_path):
     page, _ = report_html(write_run(tmp_path))
     plots = re.findall(r'data-plot="([^"]+)"', page)
-    assert plots == ["loss", "step-time", "skew", "busbw", "utilization_ratio", "power_watts", "memory_used_bytes"]
+    assert plots == ["loss", "step-time", "work-time", "skew", "busbw", "utilization_ratio", "power_watts",
+                     "memory_used_bytes"]
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "25.0 %" in page  # the collective time share, 4 s of 16 s
     assert 'data-missing="temperature_celsius"' in page
@@ -59,7 +61,7 @@ def test_page_has_every_plot_and_no_script(tmp_path):
 def test_missing_parts_say_not_recorded(tmp_path):
     page = render(build(load_run(tmp_path)), str(tmp_path))
     missing = re.findall(r'data-missing="([^"]+)"', page)
-    assert missing == ["loss", "step_time", "skew", "comm", "bench", "device"]
+    assert missing == ["loss", "step_time", "work_time", "skew", "comm", "bench", "device"]
     assert "<svg" not in page
 
 
@@ -96,3 +98,36 @@ def test_threshold_line_and_ratio_bounds():
 
     y_ticks = re.findall(r'text-anchor="end" font-size="11">([^<]+)</text>', ratio)
     assert y_ticks[0] == "0" and y_ticks[-1] == "1"  # a ratio axis ends at 1, not at the next round tick
+
+
+def test_a_3x_straggler_stands_out_in_work_time_while_step_times_are_equal(tmp_path):
+    """Every rank waits for the slowest in the all_reduce, so step times match; the work times (skew records'
+    per-rank means) do not: rank 1 at 3x is the top line of its chart."""
+    root = write_run(tmp_path)
+    with (root / "metrics" / "rank0.jsonl").open("a") as fh:
+        fh.write(json.dumps({"v": 1, "time": 2004.0, "kind": "skew", "first_step": 10, "last_step": 20,
+                             "skew": 0.5, "straggler": 1, "means": [0.1, 0.3]}) + "\n")
+    data = build(load_run(root))
+    work = {s.name: s.points for s in data.work_time}
+    assert work["rank 1"][-1] == (20.0, 0.3) and work["rank 0"][-1] == (20.0, 0.1)
+    page = render(data, "run")
+    figure = page.split('id="plot-work-time"', 1)[1].split("</figure>", 1)[0]
+    lines = re.findall(r'points="([^"]+)"', figure)
+    last_y = [float(p.split()[-1].split(",")[1]) for p in lines]
+    assert last_y[1] < last_y[0]  # SVG y grows downwards: rank 1 is drawn above rank 0
+    assert "the slowest rank has the smallest share" in page and "no alert uses it" in page
+
+
+def test_a_flat_zero_ratio_line_gets_a_0_to_1_axis():
+    svg = line_chart([Series("skew", ((1.0, 0.0), (2.0, 0.0)))], title="t", x_label="x", y_label="y",
+                     y_from_zero=True, y_max=1.0)
+    assert ">-1<" not in svg and ">1<" in svg and ">0<" in svg
+
+
+def test_a_benchmark_reading_is_dated_by_its_file(tmp_path):
+    import os
+
+    root = write_run(tmp_path)
+    os.utime(root / "bench" / "all_reduce.json", (1_700_000_000, 1_700_000_000))
+    (series,) = build(load_run(root)).bench
+    assert series.name.endswith("(bench/all_reduce.json, 2023-11-14 22:13:20 UTC)")

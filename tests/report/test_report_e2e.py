@@ -31,7 +31,7 @@ def test_cli_writes_the_page_and_counts_skipped_lines(tmp_path):
     assert "2 unusable record(s) skipped" in " ".join(proc.stderr.split())
     page = out.read_text()
     # 7 plots: charts, and one-sample series (the fixture's single skew window, device readings) as values
-    assert page.count("data-plot=") == 7 and page.count('class="single"') == 4
+    assert page.count("data-plot=") == 8 and page.count('class="single"') == 5  # work time: one window
 
 
 def test_a_run_dir_without_run_logs_still_gets_a_page_and_a_warning(tmp_path):

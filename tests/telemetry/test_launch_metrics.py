@@ -63,7 +63,8 @@ def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
     base = _free_base()
     p = plan(["--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
               str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {"OMP_NUM_THREADS": "1"})
-    assert p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
+    run = p.env_updates.pop("NPUDIST_RUN_ID")  # the ranks' run label (run_label.py), one per launch
+    assert run and p.env_updates == {"NPUDIST_METRICS_PORT": str(base)}
     assert p.targets_file == str(tmp_path / "t.json")
     assert p.targets == _doc(base)
     assert "--metrics-port" not in p.torchrun_argv and "--targets-file" not in p.torchrun_argv
@@ -72,7 +73,7 @@ def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
 
 def test_plan_without_metrics_changes_nothing():
     p = plan(["--nproc-per-node", "2", "train.py"], CPU, {"OMP_NUM_THREADS": "1"})
-    assert p.env_updates == {} and p.targets_file is None
+    assert set(p.env_updates) <= {"NPUDIST_RUN_ID"} and p.targets_file is None
 
 
 def test_plan_refuses_bad_metrics_options():
@@ -116,8 +117,13 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     fams0, fams1 = families(ranks[0]["metrics"]), families(ranks[1]["metrics"])
     # ASCEND_RT_VISIBLE_DEVICES=4,5 on a node whose NPU n holds logical chips 2n and 2n+1: both ranks
     # compute on NPU 2, rank 0 on its chip 0 and rank 1 on its chip 1
-    key0 = (("chip", "0"), ("device", "2"), ("local_rank", "0"), ("node", socket.gethostname()), ("rank", "0"))
-    key1 = (("chip", "1"), ("device", "2"), ("local_rank", "1"), ("node", socket.gethostname()), ("rank", "1"))
+    # Both ranks of one launch carry the one run label launch chose (run_label.py).
+    (run,) = {dict(k)["run"] for f in (fams0, fams1) for k in samples(f, "npudist_steps", "npudist_steps_total")}
+    assert run
+    key0 = (("chip", "0"), ("device", "2"), ("local_rank", "0"), ("node", socket.gethostname()), ("rank", "0"),
+            ("run", run))
+    key1 = (("chip", "1"), ("device", "2"), ("local_rank", "1"), ("node", socket.gethostname()), ("rank", "1"),
+            ("run", run))
     assert samples(fams0, "npudist_steps", "npudist_steps_total") == {key0: 40.0}
     assert samples(fams1, "npudist_steps", "npudist_steps_total") == {key1: 40.0}
     assert samples(fams0, "npudist_straggler_rank") == {key0: 1.0}

@@ -9,8 +9,8 @@ from npudist.telemetry.job.allocator import AllocatorCollector, fragmentation
 from npudist.telemetry.job.comm_metrics import CommCollector, histogram_buckets
 from tests.telemetry.exp_helpers import families, samples
 
-RANK = ["1", "1", "n1", "5", "0"]
-KEY = (("chip", "0"), ("device", "5"), ("local_rank", "1"), ("node", "n1"), ("rank", "1"))
+RANK = ["1", "1", "n1", "5", "0", "r1"]
+KEY = (("chip", "0"), ("device", "5"), ("local_rank", "1"), ("node", "n1"), ("rank", "1"), ("run", "r1"))
 
 
 def _text(*collectors) -> dict:
@@ -107,7 +107,7 @@ def test_training_progress_exports_loss_and_throughput_once_reported():
 
     from npudist.telemetry.job.progress import ProgressMetrics
 
-    prog = ProgressMetrics(["0", "0", "n", "", ""])
+    prog = ProgressMetrics(["0", "0", "n", "", "", ""])
     assert [f.samples for f in prog.collect()] == [[], []]  # nothing until the loop reports
     prog.report(loss=2.5, samples_per_second=812.0)
     got = {f.name: f.samples[0].value for f in prog.collect()}

@@ -103,5 +103,5 @@ def test_a_failed_lookup_is_counted_and_leaves_the_labels_empty(caplog):
     assert locate(_Source(VisibleDevicesError("ASCEND_RT_VISIBLE_DEVICES='x': bad")), {}, 0, health) is None
     assert health.errors(LOCATE) == {"timeout": 1, "config": 1}
     assert "ASCEND_RT_VISIBLE_DEVICES='x'" in caplog.text
-    assert rank_labels(3, 1, "n1", None) == ["3", "1", "n1", "", ""]
-    assert rank_labels(3, 1, "n1", RankDevice(2, 1, 5)) == ["3", "1", "n1", "2", "1"]
+    assert rank_labels(3, 1, "n1", None) == ["3", "1", "n1", "", "", ""]
+    assert rank_labels(3, 1, "n1", RankDevice(2, 1, 5), "j7") == ["3", "1", "n1", "2", "1", "j7"]

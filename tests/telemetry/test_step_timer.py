@@ -27,13 +27,13 @@ def _fams(metrics: TrainingMetrics) -> dict:
 
 
 def test_context_manager_records_each_step():
-    clock, metrics = FakeClock(), TrainingMetrics(["0", "0", "n1", "", ""])
+    clock, metrics = FakeClock(), TrainingMetrics(["0", "0", "n1", "", "", ""])
     timer = StepTimer(metrics, exchange_every=0, clock=clock)
     for seconds in (0.004, 0.02, 0.3):
         with timer:
             clock.now += seconds
     fams = _fams(metrics)
-    key = (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", "n1"), ("rank", "0"))
+    key = (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", "n1"), ("rank", "0"), ("run", ""))
     assert samples(fams, "npudist_steps", "npudist_steps_total") == {key: 3.0}
     with pytest.raises(ValueError, match="one per"):  # a short list would shift op/backend onto device/chip
         TrainingMetrics(["0", "0", "n1"])
@@ -87,7 +87,7 @@ def test_pause_leaves_the_gap_out_and_drops_a_half_profiled_step():
     assert timer.step() == pytest.approx(0.2)
     fams = _fams(metrics)
     assert samples(fams, "npudist_steps", "npudist_steps_total") == {
-        (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", ""), ("rank", "0")): 2.0}
+        (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", ""), ("rank", "0"), ("run", "")): 2.0}
     hist = fams["npudist_step_duration_seconds"]
     assert [s.value for s in hist.samples if s.name.endswith("_sum")] == [pytest.approx(0.3)]
     assert "npudist_op_duration_seconds" not in fams or not [
@@ -143,7 +143,7 @@ def test_straggler_warned_once_when_flagged_and_once_when_it_recovers(monkeypatc
     assert "rank 1 (device 1 chip 0) recovered" in lines[1]
     fams = _fams(timer.metrics)
     assert samples(fams, "npudist_rank_straggler") == {
-        (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", ""), ("rank", "0")): 0.0}
+        (("chip", ""), ("device", ""), ("local_rank", "0"), ("node", ""), ("rank", "0"), ("run", "")): 0.0}
     assert "npudist_straggler_rank" not in fams or not fams["npudist_straggler_rank"].samples  # none flagged
 
 
@@ -162,14 +162,14 @@ def test_flagged_rank_exports_its_flag_and_rank_zero_names_it(monkeypatch):
 
     monkeypatch.setattr(step_timer, "_all_gather_rows", gather)
     for me in (0, 5):
-        metrics = TrainingMetrics([str(me), str(me), "n1", "", ""])
+        metrics = TrainingMetrics([str(me), str(me), "n1", "", "", ""])
         timer = StepTimer(metrics, exchange_every=1, clock=FakeClock())
         calls[0] = 0
         for _ in range(8):
             timer.step()
         metrics.rank = me  # what the exchange reports on that rank
         fams = _fams(metrics)
-        key = (("chip", ""), ("device", ""), ("local_rank", str(me)), ("node", "n1"), ("rank", str(me)))
+        key = (("chip", ""), ("device", ""), ("local_rank", str(me)), ("node", "n1"), ("rank", str(me)), ("run", ""))
         assert samples(fams, "npudist_rank_straggler") == {key: 1.0 if me == 5 else 0.0}
         ratio = samples(fams, "npudist_rank_slowdown_ratio")[key]
         assert ratio == pytest.approx(2.0, rel=0.05) if me == 5 else ratio == pytest.approx(1.0, rel=0.05)
@@ -217,7 +217,7 @@ def test_a_window_mean_no_clock_gives_is_unknown_and_training_goes_on(monkeypatc
         return [[0.1, *[math.nan] * 7], [bad, *[math.nan] * 7], [0.3, *[math.nan] * 7], [bad, *[math.nan] * 7]], 0
 
     monkeypatch.setattr(step_timer, "_all_gather_rows", gather)
-    metrics = TrainingMetrics(["0", "0", "n1", "", ""])
+    metrics = TrainingMetrics(["0", "0", "n1", "", "", ""])
     timer = StepTimer(metrics, exchange_every=1, clock=FakeClock())
     for _ in range(3):
         timer.step()

@@ -1,8 +1,11 @@
 """`npudist observe`: a real Prometheus on 127.0.0.1 scraping a running job, with npudist's rules loaded.
 
 It exports the dashboards and rules (export.py) with the scrape config pointed at the job's targets file,
-starts Debian's ``prometheus`` on them, prints the URL to open, and runs until Ctrl-C or, given a command
-(the training job), until that command ends. Grafana is not in this project's package sources (Debian has
+starts Debian's ``prometheus`` on them and `npudist exporter` for this host beside the ranks (device series:
+the accelerator's, or the host CPU's under vendor="cpu" where there is none), prints the URL to open, runs
+the command (the training job) and keeps Prometheus answering after it ends until Ctrl-C (--exit-after: stop
+with the job). Both servers run in their own session, so a terminal's Ctrl-C reaches observe, which stops them
+and says where the data stays. Grafana is not in this project's package sources (Debian has
 no grafana package), so it prints how to start Grafana on the exported provisioning instead of starting one.
 """
 
@@ -12,6 +15,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -39,6 +43,11 @@ class ObserveOptions:
     prometheus: str | None = None
     """Path of the prometheus binary (None: the one on PATH)."""
     scrape_interval: str = "5s"
+    exporter_port: int | None = 9400
+    """Port of the `npudist exporter` started for this host (None: start none)."""
+    exporter_source: str = "auto"
+    keep: bool = True
+    """Keep Prometheus up after the command ends, until Ctrl-C."""
 
 
 def prometheus_binary(given: str | None) -> str:
@@ -57,18 +66,18 @@ def grafana_hint(out: Path, url: str) -> str:
             f"then open http://127.0.0.1:3000 (admin/admin); its data source is {url}.")
 
 
-def _port_taken(port: int) -> ObserveError:
-    return ObserveError(f"port {port} on 127.0.0.1 is already in use by another process (another Prometheus or "
-                        "`npudist observe`?); stop it or pass --port with a free port")
+def _port_taken(port: int, option: str = "--port") -> ObserveError:
+    return ObserveError(f"port {port} on 127.0.0.1 is already in use by another process (another Prometheus, "
+                        f"exporter or `npudist observe`?); stop it or pass {option} with a free port")
 
 
-def check_port_free(port: int) -> None:
+def check_port_free(port: int, option: str = "--port") -> None:
     """ObserveError when something already listens on 127.0.0.1:``port``: its /-/ready would answer for ours."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            raise _port_taken(port) from None
+            raise _port_taken(port, option) from None
 
 
 def _serves(url: str, tsdb: Path) -> bool:
@@ -110,35 +119,71 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=STOP_TIMEOUT_S)
 
 
+def exporter_command(opts: ObserveOptions) -> list[str]:
+    """`npudist exporter` for this host on 127.0.0.1:exporter_port, as a child of this Python."""
+    return [sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{opts.exporter_port}",
+            "--source", opts.exporter_source, "--interval", opts.scrape_interval]
+
+
+def _wait_for(prom: subprocess.Popen, out: Path) -> None:
+    """Until Ctrl-C; ObserveError when Prometheus (``prom``) exits on its own."""
+    while prom.poll() is None:
+        time.sleep(1)
+    raise ObserveError(f"prometheus exited with {prom.returncode}; see {out / 'prometheus.log'}")
+
+
 def observe(opts: ObserveOptions, command: Sequence[str] = (), say: Callable[[str], None] = print) -> int:
-    """Start Prometheus, print where to look, run ``command`` (or wait for Ctrl-C), stop Prometheus.
+    """Start Prometheus and this host's exporter, print where to look, run ``command``, then (``keep``) keep
+    Prometheus answering until Ctrl-C; stop both and say where the data stays.
 
     Returns the command's exit code (0 without a command)."""
     binary = prometheus_binary(opts.prometheus)
     check_port_free(opts.port)
+    if opts.exporter_port is not None:
+        check_port_free(opts.exporter_port, "--exporter-port")
     url = f"http://127.0.0.1:{opts.port}"
     out = opts.out.resolve()
-    export(out, ExportOptions(targets_file=str(opts.targets_file.resolve()), node_targets=opts.node_targets,
+    nodes = (*opts.node_targets, *((f"127.0.0.1:{opts.exporter_port}",) if opts.exporter_port is not None else ()))
+    export(out, ExportOptions(targets_file=str(opts.targets_file.resolve()), node_targets=nodes,
                               scrape_interval=opts.scrape_interval, prometheus_url=url,
                               dashboards_path="/var/lib/grafana/dashboards/npudist"))
-    log = (out / "prometheus.log").open("w")
-    proc = subprocess.Popen([binary, f"--config.file={out / 'prometheus' / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={out / 'tsdb'}", f"--web.listen-address=127.0.0.1:{opts.port}"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    children: list[subprocess.Popen] = []
+    logs = [(out / name).open("w") for name in ("prometheus.log", "exporter.log")]
+    code = 0
     try:
+        if opts.exporter_port is not None:
+            children.append(subprocess.Popen(exporter_command(opts), stdout=logs[1], stderr=subprocess.STDOUT,
+                                             start_new_session=True))
+        proc = subprocess.Popen([binary, f"--config.file={out / 'prometheus' / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={out / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{opts.port}"],
+                                stdout=logs[0], stderr=subprocess.STDOUT, start_new_session=True)
+        children.append(proc)
         wait_ready(url, proc, READY_TIMEOUT_S, out / "tsdb")
         say(f"npudist observe: Prometheus at {url}  (targets: {url}/targets, alerts: {url}/alerts, "
-            f"loss: {url}/graph?g0.expr=npudist_training_loss)")
+            f"loss: {url}/graph?g0.expr=npudist_training_loss, cards: {url}/graph?g0.expr=npudist_device_up)")
         say(f"npudist observe: scraping the ranks listed in {opts.targets_file}; log in {out / 'prometheus.log'}")
+        if opts.exporter_port is not None:
+            say(f"npudist observe: this host's devices from `npudist exporter --source {opts.exporter_source}` on "
+                f"127.0.0.1:{opts.exporter_port} (with no accelerator: the host CPU, vendor=\"cpu\"); log in "
+                f"{out / 'exporter.log'}")
         say(grafana_hint(out, url))
         if command:
-            return subprocess.run(list(command), check=False).returncode
-        say("npudist observe: Ctrl-C to stop")
-        while proc.poll() is None:
-            time.sleep(1)
-        raise ObserveError(f"prometheus exited with {proc.returncode}; see {out / 'prometheus.log'}")
+            code = subprocess.run(list(command), check=False).returncode
+            if not opts.keep:
+                return code
+            say(f"npudist observe: the job ended (exit {code}); Prometheus keeps answering at {url} with its data. "
+                "Ctrl-C to stop.")
+        else:
+            say("npudist observe: Ctrl-C to stop")
+        _wait_for(proc, out)
+        return code
     except KeyboardInterrupt:
-        return 0
+        say(f"npudist observe: stopped; data kept in {out / 'tsdb'} (`npudist observe --out {opts.out}` shows it "
+            "again)")
+        return code
     finally:
-        _stop(proc)
-        log.close()
+        for child in reversed(children):
+            _stop(child)
+        for log in logs:
+            log.close()

@@ -1,9 +1,10 @@
 """The five npudist dashboards as data: panels, their queries and units; grafana.py renders the JSON.
 
-Every query selects with ``$job`` and ``$node`` (Grafana variables) and uses only metrics from
-``npudist.telemetry.exposition.catalogue`` or recording rules from ``rules.py``; ``npudist dashboards check`` and the
-tests enforce both. Units are Grafana unit ids (``watt``, ``bytes``, ``celsius``, ``percentunit``, ``s``,
-``Bps``, ``hertz``, ``ops``): the metrics are in base units, so no query rescales anything.
+Every query selects with ``$job`` and ``$node`` (Grafana variables), rank queries with ``$run`` too, and
+uses only metrics from ``npudist.telemetry.exposition.catalogue`` or recording rules from ``rules.py``;
+``npudist dashboards check`` and the tests enforce both. Units are Grafana unit ids (``watt``, ``bytes``,
+``celsius``, ``percentunit``, ``s``, ``Bps``, ``hertz``, ``ops``): the metrics are in base units, so no
+query rescales anything.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ GRAFANA_UNITS = frozenset({"watt", "bytes", "celsius", "percentunit", "s", "Bps"
 PANEL_TYPES = frozenset({"timeseries", "stat", "table"})
 
 SEL = 'job=~"$job", node=~"$node"'
-"""Label matchers every rank or device query carries."""
+"""Label matchers every device query carries."""
+RANK_SEL = 'job=~"$job", run=~"$run", node=~"$node"'
+_JOB_RUN = 'job=~"$job", run=~"$run"'
+"""Label matchers every rank query carries: ``run`` tells two runs of one job apart (run_label.py)."""
 RATE = "$__rate_interval"
 
 
@@ -193,33 +197,34 @@ COMMUNICATION = Dashboard(
     "npudist-communication", "npudist / Communication health",
     "Collectives issued through npudist.comm: rate, latency, bandwidth, backlog and adaptations.",
     (
-        Panel("Collective calls/s", "ops", (_q(f"sum by (op, backend) (rate(npudist_collective_calls_total{{{SEL}}}"
-                                                f"[{RATE}]))", _OP_LEGEND),),
+        Panel("Collective calls/s", "ops", (
+            _q(f"sum by (op, backend) (rate(npudist_collective_calls_total{{{RANK_SEL}}}[{RATE}]))", _OP_LEGEND),),
               description="Collectives issued through npudist.comm per second, by operation and backend. "
                           "torch.distributed called directly is not counted."),
         Panel("Duration p50 / p99", "s", (
-            _q(f"npudist:collective_duration_seconds:p50{{{SEL}}}", "p50 " + _OP_LEGEND),
-            _q(f"npudist:collective_duration_seconds:p99{{{SEL}}}", "p99 " + _OP_LEGEND)),
+            _q(f"npudist:collective_duration_seconds:p50{{{RANK_SEL}}}", "p50 " + _OP_LEGEND),
+            _q(f"npudist:collective_duration_seconds:p99{{{RANK_SEL}}}", "p99 " + _OP_LEGEND)),
               description="Median and 99th percentile latency of each collective (recording rules over 1 minute). A "
                           "growing p99 with a steady p50 points at one slow peer."),
-        Panel("Payload bytes/s", "Bps", (_q(f"sum by (op, backend) (rate(npudist_collective_bytes_total{{{SEL}}}"
+        Panel("Payload bytes/s", "Bps", (_q(f"sum by (op, backend) (rate(npudist_collective_bytes_total{{{RANK_SEL}}}"
                                             f"[{RATE}]))", _OP_LEGEND),),
               description="Bytes handed to collectives per second (each rank's input tensor), by operation."),
-        Panel("Bus bandwidth", "Bps", (_q('npudist:collective_busbw_bytes_per_second{job=~"$job"}', _OP_LEGEND),),
+        Panel("Bus bandwidth", "Bps", (_q(f"npudist:collective_busbw_bytes_per_second{{{_JOB_RUN}}}", _OP_LEGEND),),
               description="Bytes per second of collective time times the nccl-tests bus factor "
                           "(all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1)."),
         Panel("In-flight collectives (backlog)", "short", (
-            _q(f"sum by (rank) (npudist_collective_inflight{{{SEL}}})", "rank {{rank}}"),),
+            _q(f"sum by (rank) (npudist_collective_inflight{{{RANK_SEL}}})", "rank {{rank}}"),),
               description=f"Async handles issued and not yet waited; alerts at > {_T['backlog'].text} "
                           f"({_T['backlog'].for_words}) and > {_T['backlog_critical'].text} "
                           f"({_T['backlog_critical'].for_words})."),
         Panel("Adaptations/s by kind", "ops", (
-            _q(f"sum by (kind, op) (rate(npudist_collective_adaptations_total{{{SEL}}}[{RATE}]))",
+            _q(f"sum by (kind, op) (rate(npudist_collective_adaptations_total{{{RANK_SEL}}}[{RATE}]))",
                "{{kind}} {{op}}"),),
               description="Copies made so a backend accepts the tensor (cast, contiguous, pad, align, stage)."),
         *COMMUNICATION_RELIABILITY_PANELS,
     ),
-    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
+     Variable("run", "npudist_steps_total", "run")),
 )
 
 MEMORY = Dashboard(
@@ -232,72 +237,75 @@ MEMORY = Dashboard(
               description="Device memory per node from the node exporter; empty where the source has no memory "
                           "reading."),
         Panel("Allocator reserved vs allocated", "bytes", (
-            _q(f"npudist_allocator_reserved_bytes{{{SEL}}}", "reserved rank {{rank}}"),
-            _q(f"npudist_allocator_allocated_bytes{{{SEL}}}", "allocated rank {{rank}}")),
+            _q(f"npudist_allocator_reserved_bytes{{{RANK_SEL}}}", "reserved rank {{rank}}"),
+            _q(f"npudist_allocator_allocated_bytes{{{RANK_SEL}}}", "allocated rank {{rank}}")),
               description="Each rank's caching allocator: memory reserved from the device against memory holding "
                           "tensors. Empty on CPU (no allocator statistics)."),
         Panel("Fragmentation per rank", "percentunit", (
-            _q(f"npudist_allocator_fragmentation_ratio{{{SEL}}}", "rank {{rank}}"),),
+            _q(f"npudist_allocator_fragmentation_ratio{{{RANK_SEL}}}", "rank {{rank}}"),),
               description=f"1 - allocated/reserved; alerts above {_T['fragmentation'].value:g} for "
                           f"{_T['fragmentation'].for_words}."),
     ),
-    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
+     Variable("run", "npudist_steps_total", "run")),
 )
 
 OPERATORS = Dashboard(
     "npudist-operators", "npudist / Operators",
     "Self time per operator family from the profiled steps (one every op_every steps).",
     (
-        Panel("p95 duration per operator", "s", (_q("npudist:op_duration_seconds:p95{job=~\"$job\"}", "{{op}}"),),
+        Panel("p95 duration per operator", "s", (_q(f"npudist:op_duration_seconds:p95{{{_JOB_RUN}}}", "{{op}}"),),
               width=24,
               description="95th percentile self time per operator family over the profiled steps (5 minute window: "
                           "samples are sparse)."),
         Panel("Mean duration per operator and rank", "s", (
-            _q(f"npudist:op_duration_seconds:mean{{{SEL}}}", "{{op}} rank {{rank}}"),),
+            _q(f"npudist:op_duration_seconds:mean{{{RANK_SEL}}}", "{{op}} rank {{rank}}"),),
               description=f"The matmul alert fires above {_T['matmul_seconds'].value * 1e6:g} us for "
                           f"{_T['matmul_seconds'].for_words}."),
         Panel("Profiled operator calls/s", "ops", (
-            _q(f"sum by (op) (rate(npudist_op_duration_seconds_count{{{SEL}}}[{RATE}]))", "{{op}}"),),
+            _q(f"sum by (op) (rate(npudist_op_duration_seconds_count{{{RANK_SEL}}}[{RATE}]))", "{{op}}"),),
               description="Operator calls seen per second in the profiled steps (one step every op_every is "
                           "profiled)."),
     ),
-    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node")),
+    (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
+     Variable("run", "npudist_steps_total", "run")),
 )
 
 # Rank metrics carry the device/chip the rank computes on (telemetry/exposition/rank_exporter.py): joined
 # on them, a device series narrows to the straggler's own chip.
-_STRAGGLER = 'npudist_steps_total{job=~"$job", rank=~"$straggler"}'
+_STRAGGLER = 'npudist_steps_total{job=~"$job", run=~"$run", rank=~"$straggler"}'
 _CHIP_LEGEND = "device {{device}} chip {{chip}} on {{node}}"
 
 TRAINING = Dashboard(
     "npudist-training", "npudist / Training sync",
     "Step time per rank, cross-rank skew and the straggler, with its node's device temperature and clock.",
     (
-        Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{SEL}}}", "rank {{rank}}"),),
+        Panel("Step time per rank", "s", (_q(f"npudist:step_duration_seconds:mean{{{RANK_SEL}}}", "rank {{rank}}"),),
               description="Mean wall time of a training step per rank (1 minute). The slowest rank sets every rank's "
                           "pace in synchronous training."),
-        Panel("Steps/s", "ops", (_q(f"sum by (rank) (rate(npudist_steps_total{{{SEL}}}[{RATE}]))", "rank {{rank}}"),),
+        Panel("Steps/s", "ops", (
+            _q(f"sum by (rank) (rate(npudist_steps_total{{{RANK_SEL}}}[{RATE}]))", "rank {{rank}}"),),
               description="Training steps completed per second per rank; zero while the job is stalled."),
-        Panel("Cross-rank skew", "percentunit", (_q("max by (job) (npudist_step_skew_ratio{job=~\"$job\"})", "skew"),),
+        Panel("Cross-rank skew", "percentunit", (_q(f"max by (job) (npudist_step_skew_ratio{{{_JOB_RUN}}})", "skew"),),
               description="stddev/mean of the ranks' work times per window. It dilutes as 1/sqrt(ranks) when one "
                           "rank is slow, so the straggler alert and diagnosis use the per-rank slowdown instead; "
                           f"the line is the seed's {SKEW_REFERENCE:g} rule, for reference.",
               thresholds=((SKEW_REFERENCE, "orange"),)),
         Panel("Slowest ranks (top 5 slowdown)", "none", (
-            _q("topk(5, npudist_rank_slowdown_ratio{job=~\"$job\"})",
+            _q("topk(5, npudist_rank_slowdown_ratio{job=~\"$job\", run=~\"$run\"})",
                "rank {{rank}} device {{device}} chip {{chip}}"),),
               description="Each rank's work time over the median of the other ranks' (1 = typical). The straggler "
                           f"alert fires while the job's detector flags a rank for {_T['straggler'].for_words}."),
-        Panel("Straggler rank", "none", (_q("max by (job) (npudist_straggler_rank{job=~\"$job\"})", "rank"),),
+        Panel("Straggler rank", "none", (_q(f"max by (job) (npudist_straggler_rank{{{_JOB_RUN}}})", "rank"),),
               type="stat", width=6, no_value="none",
               description="The flagged rank with the largest slowdown; none while the detector flags no rank."),
         Panel("Straggler's node: hottest device", "celsius", (
             _q("npudist:node_device_temperature_celsius:max and on (node) "
-               "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
+               "npudist_steps_total{job=~\"$job\", run=~\"$run\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
               description="Thermal throttling is the usual cause of one slow rank."),
         Panel("Straggler's node: slowest device clock", "hertz", (
             _q("npudist:node_device_frequency_hertz:min and on (node) "
-               "npudist_steps_total{job=~\"$job\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
+               "npudist_steps_total{job=~\"$job\", run=~\"$run\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
               description="The lowest device clock on the straggler's node; a clock below its peers' means "
                           "throttling."),
         Panel("Straggler's own device: temperature", "celsius", (
@@ -305,26 +313,27 @@ TRAINING = Dashboard(
               width=12, description="The card and chip the straggler rank computes on: rank metrics carry its "
                                     "device/chip labels (npu-smi NPU ID and chip); empty where the device source "
                                     "cannot locate it (CPU)."),
-        Panel("Training loss", "none", (_q(f"npudist_training_loss{{{SEL}}}", "rank {{rank}}"),),
+        Panel("Training loss", "none", (_q(f"npudist_training_loss{{{RANK_SEL}}}", "rank {{rank}}"),),
               description="The loss the training loop last reported (telemetry.training_progress). Empty when "
                           "the loop does not call it."),
-        Panel("Samples/s", "none", (_q(f"sum by (job) (npudist_training_samples_per_second{{{SEL}}})", "{{job}}"),),
+        Panel("Samples/s", "none", (
+            _q(f"sum by (job) (npudist_training_samples_per_second{{{RANK_SEL}}})", "{{job}}"),),
               description="Throughput over the loop's logging window, summed over ranks that report it "
                           "(examples/train_ddp.py reports the global batch on rank 0 only)."),
         Panel("Checkpoint save: time blocking training", "s", (
-            _q(f"rate(npudist_checkpoint_snapshot_duration_seconds_sum{{{SEL}}}[{RATE}])\n  / "
-               f"rate(npudist_checkpoint_snapshot_duration_seconds_count{{{SEL}}}[{RATE}])", "rank {{rank}}"),),
+            _q(f"rate(npudist_checkpoint_snapshot_duration_seconds_sum{{{RANK_SEL}}}[{RATE}])\n  / "
+               f"rate(npudist_checkpoint_snapshot_duration_seconds_count{{{RANK_SEL}}}[{RATE}])", "rank {{rank}}"),),
               width=6, description="Mean time a checkpoint save held the training loop (the host copy for "
                                    "asynchronous saves). Empty between saves."),
         Panel("Checkpoint write time", "s", (
-            _q(f"rate(npudist_checkpoint_write_duration_seconds_sum{{{SEL}}}[{RATE}])\n  / "
-               f"rate(npudist_checkpoint_write_duration_seconds_count{{{SEL}}}[{RATE}])", "rank {{rank}}"),),
+            _q(f"rate(npudist_checkpoint_write_duration_seconds_sum{{{RANK_SEL}}}[{RATE}])\n  / "
+               f"rate(npudist_checkpoint_write_duration_seconds_count{{{RANK_SEL}}}[{RATE}])", "rank {{rank}}"),),
               width=6, description="Mean time to write, fsync, checksum and publish one checkpoint."),
         Panel("Checkpoint bytes/s", "Bps", (
-            _q(f"rate(npudist_checkpoint_bytes_total{{{SEL}}}[{RATE}])", "rank {{rank}}"),), width=6,
+            _q(f"rate(npudist_checkpoint_bytes_total{{{RANK_SEL}}}[{RATE}])", "rank {{rank}}"),), width=6,
               description="Checkpoint bytes published per second (rank 0 counts every rank's shards)."),
         Panel("Checkpoint failures", "short", (
-            _q(f"increase(npudist_checkpoint_failures_total{{{SEL}}}[10m])", "rank {{rank}}"),), width=6,
+            _q(f"increase(npudist_checkpoint_failures_total{{{RANK_SEL}}}[10m])", "rank {{rank}}"),), width=6,
               thresholds=((0, "green"), (1, "red")),
               description="Failed checkpoint writes in the last 10 minutes; NpudistCheckpointFailed fires on any. "
                           "Check disk space and the run directory's file system."),
@@ -335,6 +344,7 @@ TRAINING = Dashboard(
                           "cannot locate it (CPU)."),
     ),
     (Variable("job", "npudist_steps_total", "job"), Variable("node", "npudist_steps_total", "node"),
+     Variable("run", "npudist_steps_total", "run"),
      Variable("straggler", "npudist_straggler_rank", "")),
 )
 

@@ -75,7 +75,7 @@ class Alert:
 # nccl-tests' bus factors, applied to the bytes npudist.comm records (each rank's input tensor): all_gather's
 # input is 1/n of the output nccl-tests counts, hence (n - 1) rather than (n - 1)/n
 # (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
-_W = "count by (job) (npudist_steps_total)"
+_W = "count by (job, run) (npudist_steps_total)"
 BUS_FACTORS = MappingProxyType({
     "all_reduce": f"2 * ({_W} - 1) / {_W}",
     "all_gather": f"({_W} - 1)",
@@ -86,11 +86,12 @@ BUS_FACTORS = MappingProxyType({
 
 def _busbw(op: str, factor: str) -> Recording:
     sel = f'{{op="{op}"}}'
-    algbw = (f"sum by (job, op, backend) (rate(npudist_collective_bytes_total{sel}[{WINDOW}]))\n"
-             f"  / sum by (job, op, backend) (rate(npudist_collective_duration_seconds_sum{sel}[{WINDOW}]))")
+    # `> 0` on the time spent: an op with no calls in the window has no series (0/0 would record NaN).
+    algbw = (f"sum by (job, run, op, backend) (rate(npudist_collective_bytes_total{sel}[{WINDOW}]))\n"
+             f"  / (sum by (job, run, op, backend) (rate(npudist_collective_duration_seconds_sum{sel}[{WINDOW}])) > 0)")
     # One rule per op under one name; the op label keeps them distinct (promtool's duplicate-rule lint).
-    return Recording("npudist:collective_busbw_bytes_per_second", f"({algbw})\n* on (job) group_left () ({factor})",
-                     (("op", op),))
+    return Recording("npudist:collective_busbw_bytes_per_second",
+                     f"({algbw})\n* on (job, run) group_left () ({factor})", (("op", op),))
 
 
 def _quantile(q: str, metric: str, by: str, window: str) -> str:
@@ -102,18 +103,18 @@ def _mean(metric: str, by: str, window: str) -> str:
             f"  / sum by ({by}) (rate({metric}_count[{window}]))")
 
 
-_RANK = "job, node, rank"
+_RANK = "job, run, node, rank"
 # Operator samples are sparse (one profiled step every op_every steps): a longer window keeps data.
 OP_WINDOW = "5m"
 
 RECORDINGS: tuple[Recording, ...] = (
     Recording("npudist:collective_duration_seconds:p50",
-              _quantile("0.5", "npudist_collective_duration_seconds", "job, node, op, backend", WINDOW)),
+              _quantile("0.5", "npudist_collective_duration_seconds", "job, run, node, op, backend", WINDOW)),
     Recording("npudist:collective_duration_seconds:p99",
-              _quantile("0.99", "npudist_collective_duration_seconds", "job, node, op, backend", WINDOW)),
+              _quantile("0.99", "npudist_collective_duration_seconds", "job, run, node, op, backend", WINDOW)),
     *(_busbw(op, f) for op, f in BUS_FACTORS.items()),
     Recording("npudist:op_duration_seconds:p95",
-              _quantile("0.95", "npudist_op_duration_seconds", "job, op", OP_WINDOW)),
+              _quantile("0.95", "npudist_op_duration_seconds", "job, run, op", OP_WINDOW)),
     Recording("npudist:op_duration_seconds:mean", _mean("npudist_op_duration_seconds", f"{_RANK}, op", OP_WINDOW)),
     Recording("npudist:step_duration_seconds:mean", _mean("npudist_step_duration_seconds", _RANK, WINDOW)),
     # Device exporters run under another job than the ranks: join them on node only.
@@ -127,7 +128,9 @@ RECORDINGS: tuple[Recording, ...] = (
               '(npudist_steps_total{device!=""}) * 0 + 1\n)'),
 )
 
-_WHERE = "rank {{ $labels.rank }} on {{ $labels.node }} (job {{ $labels.job }})"
+_RUN = "{{ if $labels.run }}, run {{ $labels.run }}{{ end }}"
+"""The run label (telemetry/exposition/run_label.py) where the series carries one."""
+_WHERE = f"rank {{{{ $labels.rank }}}} on {{{{ $labels.node }}}} (job {{{{ $labels.job }}}}{_RUN})"
 _DEVICE = "device {{ $labels.device }} chip {{ $labels.chip }} ({{ $labels.model }}) on {{ $labels.node }}"
 
 _T = THRESHOLDS
@@ -206,22 +209,24 @@ RELIABILITY_ALERTS: tuple[Alert, ...] = (
 
 ALERTS: tuple[Alert, ...] = (
     Alert(_BACKLOG_P1.alert,
-          f"sum by (job, node, rank) (npudist_collective_inflight) > {_BACKLOG_P1.value:g}", _BACKLOG_P1.for_, "P1",
+          f"sum by (job, run, node, rank) (npudist_collective_inflight) > {_BACKLOG_P1.value:g}", _BACKLOG_P1.for_,
+          "P1",
           f"More than {_BACKLOG_P1.text} collectives in flight for {_BACKLOG_P1.for_words}",
           f"{_WHERE} has {{{{ $value }}}} async collectives issued and not completed: a peer is hung or the "
           "link is saturated."),
     Alert(_BACKLOG.alert,
-          f"sum by (job, node, rank) (npudist_collective_inflight) > {_BACKLOG.value:g}", _BACKLOG.for_, "P2",
+          f"sum by (job, run, node, rank) (npudist_collective_inflight) > {_BACKLOG.value:g}", _BACKLOG.for_, "P2",
           f"More than {_BACKLOG.text} collectives in flight for {_BACKLOG.for_words}",
           f"{_WHERE} keeps {{{{ $value }}}} async collectives in flight: communication is falling behind compute."),
     # Every rank runs the same detector on the same exchanged rows and exports its own flag: one alert per
     # flagged rank, carrying its device labels, valued at its slowdown.
     Alert(_STRAGGLER.alert,
-          "npudist_rank_slowdown_ratio\nand on (job, rank)\n"
+          "npudist_rank_slowdown_ratio\nand on (job, run, rank)\n"
           f"(npudist_rank_straggler > {_STRAGGLER.value:g})",
           _STRAGGLER.for_, "P2", f"One rank slows the whole job (flagged by the straggler detector for "
           f"{_STRAGGLER.for_words})",
-          f"{_RANK_DEVICE} (job {{{{ $labels.job }}}}) works {{{{ $value | printf \"%.2f\" }}}}x the median of the "
+          f"{_RANK_DEVICE} (job {{{{ $labels.job }}}}{_RUN}) works "
+          f"{{{{ $value | printf \"%.2f\" }}}}x the median of the "
           "other ranks; every other rank waits for it at each collective. The job log and "
           "RUN_DIR/straggler-step*.json name the cause (compute, communication, data)."),
     Alert(_FRAG.alert,

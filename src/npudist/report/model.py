@@ -10,10 +10,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from npudist.report import verdicts
 from npudist.report.records import Problem, RunFile, RunRecords
+from npudist.report.verdicts import Verdict
 from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE
 
 SKEW_THRESHOLD = SKEW_REFERENCE
@@ -34,6 +36,8 @@ class SkewWindow:
     last_step: int
     skew: float
     straggler: int
+    means: tuple[float | None, ...] = ()
+    """Each rank's mean work time per step over the window (seconds; the wait in collectives excluded)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,10 @@ class ReportData:
     skew_threshold: float = SKEW_THRESHOLD
     run_logs: int = 0
     """Rank log files read (0: the page can only say how to make them)."""
+    diagnosis_verdicts: dict[str, Verdict] = field(default_factory=dict)
+    """Straggler diagnosis file name -> what it says (rank, host, card, ratio, cause, next command)."""
+    work_time: tuple[Series, ...] = ()
+    """Per rank, mean work time per step per skew window (excludes the wait in collectives)."""
 
 
 DEVICE_PLOTS = (
@@ -123,8 +131,21 @@ def skew_windows(records: list[dict[str, Any]]) -> tuple[SkewWindow, ...]:
     for r in next(iter(ranks.values())):
         first, last, skew, straggler = r.get("first_step"), r.get("last_step"), r.get("skew"), r.get("straggler")
         if isinstance(first, int) and isinstance(last, int) and _finite(skew) and isinstance(straggler, int):
-            windows[last] = SkewWindow(first, last, float(skew), straggler)
+            means = tuple(float(m) if _finite(m) else None for m in (r.get("means") or ()))
+            windows[last] = SkewWindow(first, last, float(skew), straggler, means)
     return tuple(windows[k] for k in sorted(windows))
+
+
+def work_series(windows: tuple[SkewWindow, ...]) -> tuple[Series, ...]:
+    """Per rank, its mean work time per step (compute and data wait, not the wait for others) per window."""
+    ranks = max((len(w.means) for w in windows), default=0)
+    out = []
+    for rank in range(min(ranks, 64)):  # a legend of 64 ranks is already past reading
+        points = tuple((float(w.last_step), m) for w in windows if rank < len(w.means)
+                       and (m := w.means[rank]) is not None)
+        if points:
+            out.append(Series(f"rank {rank}", points))
+    return tuple(out)
 
 
 def comm_shares(records: list[dict[str, Any]]) -> tuple[CommShare, ...]:
@@ -152,8 +173,9 @@ def bench_series(run: RunRecords) -> tuple[Series, ...]:
     out = []
     for b in run.bench:
         m = b.meta
+        dated = f", {utc_time(b.written)}" if b.written is not None else ""
         name = (f"{m.get('op', '?')} {m.get('dtype', '')} {m.get('world', '?')} ranks "
-                f"{m.get('backend', '')} ({b.source})").replace("  ", " ")
+                f"{m.get('backend', '')} ({b.source}{dated})").replace("  ", " ")
         points = tuple(sorted((r["size_bytes"], r["busbw_gbps"]) for r in b.rows))
         if points:
             out.append(Series(name, points))
@@ -257,7 +279,8 @@ def build(run: RunRecords) -> ReportData:
         summary=summary(run),
         loss=step_series(run.records, "loss"),
         step_time=step_series(run.records, "step_seconds"),
-        skew=skew_windows(run.records),
+        skew=(windows := skew_windows(run.records)),
+        work_time=work_series(windows),
         comm=comm_shares(run.records),
         bench=bench_series(run),
         device=device_series(run.records, t0),
@@ -265,5 +288,7 @@ def build(run: RunRecords) -> ReportData:
         card=card(run),
         run_logs=run.rank_files,
         diagnoses=tuple(run.diagnoses),
+        diagnosis_verdicts={name: found for name, doc in run.diagnosis_docs.items()
+                            if (found := verdicts.straggler_verdict(doc, name, verdicts.places(run.records)))},
         checkpoints=tuple(run.checkpoints),
     )

@@ -8,8 +8,12 @@ short, and nothing nests deeper than the format defines.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +43,8 @@ class BenchResult:
     """op, dtype, world, backend as short strings (absent when the file had no usable value)."""
     rows: tuple[dict[str, float], ...]
     """size_bytes (> 0) and busbw_gbps, both finite."""
+    written: float | None = None
+    """When the result file was written (its modification time): a reading is dated, not timeless."""
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,16 @@ class RunRecords:
     rank_files: int = 0
     diagnoses: list[RunFile] = field(default_factory=list)
     """RUN_DIR/straggler-step<N>.json, by step."""
+    diagnosis_docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """File name -> the diagnosis document, for those that could be read (read_doc)."""
     checkpoints: list[RunFile] = field(default_factory=list)
     """RUN_DIR/step-<N>/ checkpoint directories (size: the files in them), by step."""
 
 
-_DIAGNOSIS = re.compile(r"^straggler-step(\d+)\.json$")
+_DIAGNOSIS = re.compile(r"^straggler-step(\d+)(?:-rank\d+)?\.json$")
+MAX_DOC = 4 << 20
+"""Largest diagnosis document read (bytes); a hang report over 8,192 ranks is a few MiB at most."""
+_OPEN_DOC = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
 
 
@@ -84,6 +95,22 @@ def run_files(root: Path) -> tuple[list[RunFile], list[RunFile]]:
                 continue
             out.append(RunFile(entry, int(m.group(1)), size, st.st_mtime))
     return sorted(diagnoses, key=lambda f: f.step), sorted(checkpoints, key=lambda f: f.step)
+
+
+def read_doc(path: Path) -> dict[str, Any]:
+    """A diagnosis JSON object from the run directory: a planted symlink or FIFO is refused, not followed or
+    waited on, and a file past MAX_DOC is not read whole. OSError or ValueError say why not."""
+    fd = os.open(path, _OPEN_DOC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = fh.read(MAX_DOC + 1)
+    if len(data) > MAX_DOC:
+        raise ValueError(f"larger than {MAX_DOC} bytes")
+    doc = parse_json(data.decode("utf-8", errors="replace"))
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
 
 
 class ReportError(ValueError):
@@ -223,6 +250,13 @@ def load_run(run_dir: str | Path) -> RunRecords:
         result, problems = parse_bench(text, source)
         out.problems += problems
         if result is not None:
+            with contextlib.suppress(OSError):
+                result = dataclasses.replace(result, written=path.stat().st_mtime)
             out.bench.append(result)
     out.diagnoses, out.checkpoints = run_files(root)
+    for f in out.diagnoses:
+        try:
+            out.diagnosis_docs[f.path.name] = read_doc(f.path)
+        except (OSError, ValueError) as exc:
+            out.problems.append(Problem(f.path.name, None, f"unreadable diagnosis ({exc})"))
     return out

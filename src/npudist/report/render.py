@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npudist.report import verdicts
 from npudist.report.model import DEVICE_PLOTS, WORST_WINDOWS, ReportData, Series, utc_time
 from npudist.report.records import RunFile
 from npudist.report.svg import line_chart, number_label
@@ -32,6 +33,7 @@ NOT_RECORDED = MappingProxyType({
             "metrics/rank{R}.jsonl.",
     "step_time": "Step times come from the StepTimer; the job ran with --no-telemetry or logged no steps.",
     "skew": "Skew is exchanged every 20 steps by the StepTimer (needs at least 20 steps and telemetry on).",
+    "work_time": "Work times come with the skew windows the StepTimer exchanges every 20 steps (telemetry on).",
     "comm": "Collective totals are written when the job ends (RunLog.close()); the job did not end cleanly "
             "or logged nothing.",
     "bench": "Save a benchmark into the run: npudist bench collective --out RUN_DIR/bench/all_reduce.json",
@@ -78,6 +80,17 @@ def _step_time(data: ReportData) -> str:
             + "<p>The time of each logged step, measured by the StepTimer (device synchronised on accelerators).</p>")
 
 
+def _work_time(data: ReportData) -> str:
+    if not data.work_time:
+        return _not_recorded("work_time")
+    return (_chart(data.work_time, "work-time", "Work time per rank", "last step of window",
+                   "work time per step (s)", y_from_zero=True)
+            + "<p>Each rank's mean time per step spent on its own work (data, forward, backward, optimizer), "
+            "without the time it waits for the other ranks in collectives. A straggler stands out here; in the "
+            "step times above every rank shows the slowest one's pace, and in the collective time share below "
+            "the slowest rank has the smallest share, because it is the one the others wait for.</p>")
+
+
 def _skew(data: ReportData) -> str:
     if not data.skew:
         return _not_recorded("skew")
@@ -87,9 +100,11 @@ def _skew(data: ReportData) -> str:
     worst = sorted(data.skew, key=lambda w: (-w.skew, w.last_step))[:WORST_WINDOWS]
     rows = [(f"{w.first_step}-{w.last_step}", f"{w.skew:.4f}", str(w.straggler)) for w in worst]
     return (_chart(series, "skew", "Step-time skew across ranks", "last step of window", "skew (ratio)",
-                   y_from_zero=True, threshold=data.skew_threshold)
-            + f'<p data-above="{len(above)}">{len(above)} of {len(data.skew)} windows above the threshold '
-            f"{data.skew_threshold:g} (the NpudistStraggler alert's). The {len(worst)} worst:</p>"
+                   y_from_zero=True, threshold=data.skew_threshold, y_max=1.0)
+            + f'<p data-above="{len(above)}">{len(above)} of {len(data.skew)} windows above the dashed line at '
+            f"{data.skew_threshold:g}, the seed's skew rule kept for reference: no alert uses it (skew dilutes as "
+            "1/sqrt(ranks); the straggler alert and diagnoses use each rank's slowdown). "
+            f"The {len(worst)} worst:</p>"
             + _table(("steps", "skew", "slowest rank"), rows))
 
 
@@ -109,8 +124,21 @@ def _files(files: Sequence[RunFile], missing: str, headers: Sequence[str], size:
 
 
 def _diagnoses(data: ReportData) -> str:
-    return _files(data.diagnoses, "None written (examples/train_ddp.py --straggler-diagnosis N writes one after N "
-                  "skewed windows in a row).", ("file", "step", "written"), size=False)
+    if not data.diagnoses:
+        return ('<p class="not-recorded">None written. Diagnosis files are off unless the job runs with '
+                "--straggler-diagnosis WINDOWS (examples/train_ddp.py), which writes one after WINDOWS flagged "
+                "windows in a row; `npudist diagnose RUN_DIR` reads them back with hangs and checkpoints.</p>")
+    head = "".join(f"<th>{h}</th>" for h in ("file", "where", "what", "next", "written"))
+    rows = []
+    for f in data.diagnoses:
+        found = data.diagnosis_verdicts.get(f.path.name)
+        where = verdicts.where(found.rank, found.place) if found else "unreadable (see Data problems)"
+        what = found.summary if found else ""
+        nxt = "; ".join(found.next_commands) if found else ""
+        rows.append(f'<tr><td class="l">{_link(f.path)}</td><td class="l">{escape(where)}</td>'
+                    f'<td class="l">{escape(what)}</td><td class="l"><code>{escape(nxt)}</code></td>'
+                    f"<td>{escape(utc_time(f.mtime))}</td></tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 def _checkpoints(data: ReportData) -> str:
@@ -181,6 +209,7 @@ def render(data: ReportData, title: str) -> str:
         _section("summary", "Run", _table(("", ""), data.summary, left=2)),
         _section("loss", "Loss", _loss(data)),
         _section("step-time", "Step time", _step_time(data)),
+        _section("work-time", "Work time per rank", _work_time(data)),
         _section("skew", "Skew and stragglers", _skew(data)),
         _section("diagnoses", "Straggler diagnoses", _diagnoses(data)),
         _section("checkpoints", "Checkpoints", _checkpoints(data)),

@@ -90,8 +90,9 @@ class _Axis:
             self.ticks = [Decimal(k) for k in range(first, last + stride, stride)]
             self.step = Decimal(stride)
         else:
-            if d_hi == d_lo:
-                d_lo, d_hi = _DEC.subtract(d_lo, 1), _DEC.add(d_hi, 1)
+            if d_hi == d_lo:  # a flat line: from zero, 0 to 1 (a ratio axis never goes below 0)
+                d_lo, d_hi = (d_lo, _DEC.add(d_hi, 1)) if from_zero and d_lo >= 0 else \
+                    (_DEC.subtract(d_lo, 1), _DEC.add(d_hi, 1))
             self.ticks = nice_ticks(d_lo, d_hi)
             self.step = _DEC.subtract(self.ticks[1], self.ticks[0]) if len(self.ticks) > 1 else Decimal(1)
         self.lo, self.hi = min(d_lo, self.ticks[0]), max(d_hi, self.ticks[-1])

@@ -29,7 +29,8 @@ DEVICE_LABELS = ("node", "vendor", "device", "chip", "model")
 # file_sd targets file `npudist launch` writes); an exposed `job` would be renamed to `exported_job`.
 # `device` and `chip` name the physical device the rank computes on with the device metrics' values (npu-smi
 # NPU ID and chip), so queries join a rank to its device on (node, device, chip); empty when unknown.
-RANK_LABELS = ("rank", "local_rank", "node", "device", "chip")
+# `run` tells two runs of one job apart (run_label.py: NPUDIST_RUN_ID, Slurm job id, rendezvous id, run dir).
+RANK_LABELS = ("rank", "local_rank", "node", "device", "chip", "run")
 # A device's RoCE NIC: `nic` is hccn_tool's -i (the /etc/hccn.conf address_N index), `port` the port where the
 # tool prints one (Ascend 950 tables), else empty.
 LINK_LABELS = (*DEVICE_LABELS, "nic", "port")

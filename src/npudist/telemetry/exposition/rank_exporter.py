@@ -1,8 +1,8 @@
 """Per-rank metrics: training, allocator and collective collectors served on base_port + local_rank.
 
-Every rank metric carries rank, local_rank, node, and the physical ``device``/``chip`` the rank computes
-on, with the values the device metrics use for that card (npu-smi NPU ID and chip), so a query can join a
-rank to its own device: ``... and on (node, device, chip) npudist_steps_total{rank="3"}``. The device
+Every rank metric carries rank, local_rank, node, run (run_label.py), and the physical ``device``/``chip``
+the rank computes on, with the values the device metrics use for that card (npu-smi NPU ID and chip), so a
+query can join a rank to its own device: ``... and on (node, device, chip) npudist_steps_total{rank="3"}``. The device
 source finds them (npu-smi: ``info -m`` plus ASCEND_RT_VISIBLE_DEVICES); where it cannot, they are empty.
 """
 
@@ -20,6 +20,7 @@ from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
 from npudist.runtime.state import current
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.exposition.node_label import node_name
+from npudist.telemetry.exposition.run_label import run_id
 from npudist.telemetry.exposition.server import DEFAULT_HOST, ExporterError, MetricsServer, check_port, serve
 from npudist.telemetry.job.allocator import AllocatorCollector
 from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
@@ -136,7 +137,7 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     if source is not None:
         index = ctx.device.index if ctx is not None and ctx.device.index is not None else local_rank
         device = locate(source, env, index, health)
-    labels = rank_labels(rank, local_rank, node_name(env), device)
+    labels = rank_labels(rank, local_rank, node_name(env), device, run_id(env))
     training = TrainingMetrics(labels)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(training)
@@ -163,10 +164,10 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     return telemetry
 
 
-def rank_labels(rank: int, local_rank: int, node: str, device: RankDevice | None) -> list[str]:
-    """Label values in catalogue.RANK_LABELS order; device and chip empty when unknown."""
+def rank_labels(rank: int, local_rank: int, node: str, device: RankDevice | None, run: str = "") -> list[str]:
+    """Label values in catalogue.RANK_LABELS order; device, chip and run empty when unknown."""
     where = ("", "") if device is None else (str(device.device_id), str(device.chip_id))
-    return [str(rank), str(local_rank), node, *where]
+    return [str(rank), str(local_rank), node, *where, run]
 
 
 def locate(source: Source, env: Mapping[str, str], index: int, health: CollectorHealth) -> RankDevice | None:

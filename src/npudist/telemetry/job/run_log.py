@@ -26,6 +26,7 @@ from npudist import runlog_schema as schema
 from npudist.runlog_schema import rank_file
 from npudist.runtime.state import current
 from npudist.telemetry.exposition.node_label import node_name
+from npudist.telemetry.exposition.run_label import run_id
 from npudist.telemetry.job.skew import SkewReport
 from npudist.telemetry.sources.readings import DeviceReading, RankDevice
 
@@ -152,8 +153,9 @@ class RunLog:
         about = provenance() if self.rank == 0 else {}  # one rank is enough for the report's card
         if resume_source is not None:
             about["resume_source"] = resume_source
+        run = {"run": label} if (label := run_id()) else {}  # the metrics' run label (run_label.py)
         self.write({"kind": "start", "world": world, "node": node_name(), "accelerator": accelerator,
-                    "backend": backend, "start_step": start_step, **where, **about})
+                    "backend": backend, "start_step": start_step, **run, **where, **about})
 
     def step(self, step: int, loss: float | None, step_seconds: float | None,
              samples_per_second: float | None = None) -> None:

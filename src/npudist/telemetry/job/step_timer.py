@@ -31,7 +31,7 @@ Vitals = Callable[[], tuple[float | None, ...]]
 class TrainingMetrics:
     """What StepTimer records, exported with this rank's label values (catalogue.RANK_LABELS order)."""
 
-    def __init__(self, rank_labels: Sequence[str] = ("0", "0", "", "", "")) -> None:
+    def __init__(self, rank_labels: Sequence[str] = ("0", "0", "", "", "", "")) -> None:
         self.labels = rank_label_values(rank_labels)
         self.steps = Histogram(STEP_BUCKETS)
         self._ops: dict[str, Histogram] = {}

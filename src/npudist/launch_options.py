@@ -1,0 +1,62 @@
+"""`npudist launch`'s command line: torchrun's parser with npudist's own options, built without importing torch
+(torchrun_parser.py), so `npudist launch --help` answers in well under a second."""
+
+from __future__ import annotations
+
+import argparse
+from types import MappingProxyType
+
+from npudist.runtime.settings import SIMULATE_MODES
+from npudist.torchrun_parser import torchrun_parser
+
+USAGE = "npudist launch [npudist options] [torchrun options] SCRIPT [ARGS...]"
+DESCRIPTION = """\
+Start SCRIPT on every rank of this node through torchrun, with what torchrun cannot know filled in:
+--nproc-per-node defaults to one rank per device of the detected accelerator (2 on a CPU), a single-node
+job gets a free --master-port instead of 29500, and --metrics-port/--targets-file give Prometheus the ranks'
+endpoints (the file is emptied when the job ends). npudist's own options come first; every other option is
+torchrun's, passed through unchanged (https://pytorch.org/docs/stable/elastic/run.html)."""
+_HELP = MappingProxyType({
+    "nproc_per_node": "npudist: ranks on this node, a positive integer or auto (default) = one per device of "
+                      "the accelerator (NPUDIST_CPU_NPROC, default 2, on a CPU)",
+    "training_script": "the training script's path (checked before torchrun starts), then its own arguments",
+    "training_script_args": argparse.SUPPRESS,
+})
+
+
+def parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus npudist's own options; `--help` lists npudist's first, torchrun's after."""
+    p = torchrun_parser()
+    p.prog, p.usage, p.description = "npudist launch", USAGE, DESCRIPTION
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    # Options are matched whole: an abbreviation ("--metrics" for --metrics-port) would be acted on here
+    # and still reach torchrun, which reads it its own way or fails on it.
+    p.allow_abbrev = False
+    group = p.add_argument_group("npudist options")
+    group.add_argument("--accelerator", default=None, metavar="NAME",
+                       help="use this accelerator (npu, cuda, mlu, rknpu, cpu) instead of detecting one; "
+                       "the ranks get NPUDIST_ACCELERATOR=NAME")
+    group.add_argument("--mpi", action="store_true",
+                       help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")
+    group.add_argument("--metrics-port", type=int, default=None,
+                       help="each rank serves Prometheus metrics on this port + its local rank")
+    group.add_argument("--targets-file", default=None,
+                       help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
+                       "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")
+    group.add_argument("--simulate", default=None, metavar="|".join(SIMULATE_MODES),
+                       help="run every rank on the simulated Ascend NPU (npudist.sim) with a simulated hccl; "
+                       "npu:strict also enforces the hccl-strict rules. `import torch_npu` loads the simulation")
+    group.add_argument("--peer-snapshots", type=int, default=None, metavar="K",
+                       help="every K steps each rank's state is copied to the host memory of a rank on another "
+                       "node (this node's holder runs in this process and outlives worker restarts); a "
+                       "restart resumes from the freshest verified copy, else from disk")
+    group.add_argument("--peer-snapshot-bind", default="127.0.0.1", metavar="HOST",
+                       help="address this node's snapshot holder listens on (default 127.0.0.1; give this "
+                       "node's address on the job's network for a job over several nodes)")
+    for action in p._actions:  # torchrun's text offers gpu/cpu/xpu, which npudist answers itself
+        action.help = _HELP.get(action.dest, action.help)
+    p._optionals.title = "torchrun options (passed through to torchrun)"
+    p._positionals.title = "script"
+    # Help order: npudist's options, then the script, then torchrun's.
+    p._action_groups[:] = [group, p._positionals, *[g for g in p._action_groups if g not in (group, p._positionals)]]
+    return p

@@ -1,0 +1,209 @@
+"""What went wrong in a run, from its diagnosis documents and run log: pure functions, for `npudist diagnose`.
+
+Verdicts come in the order a user should read them: a hang stops the job, a straggler slows it, a failed
+checkpoint save loses work. Each names where (rank, host, pid, card) and the next command to run there,
+per accelerator, in the vendor's own tool (npu-smi, nvidia-smi, cnmon), the way `fr_trace` reads
+flight-recorder dumps back into one answer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+KINDS = ("hang", "straggler", "checkpoint")
+"""Verdict kinds, most severe first."""
+
+# The card's health/vitals in each vendor's tool: npu-smi (Ascend npu-smi command reference, `info -t health`),
+# nvidia-smi (`-q -i N -d ...`), cnmon (Cambricon CNMon `info -c N`), RKNPU's debugfs load file.
+DEVICE_COMMAND: Mapping[str, str] = MappingProxyType({
+    "npu": "npu-smi info -t health -i {card} -c {chip}",
+    "cuda": "nvidia-smi -q -i {card} -d TEMPERATURE,CLOCK,PERFORMANCE,ECC",
+    "mlu": "cnmon info -c {card}",
+    "rknpu": "cat /sys/kernel/debug/rknpu/load",
+})
+STACK_COMMAND = "py-spy dump --pid {pid}"
+"""A running rank's Python stack without stopping it (py-spy, https://github.com/benfred/py-spy)."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank ran, from the run log's start record and the diagnosis documents."""
+
+    host: str | None = None
+    pid: int | None = None
+    local_rank: int | None = None
+    accelerator: str | None = None
+    card: int | None = None
+    chip: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    summary: str
+    rank: int | None = None
+    place: Place = field(default_factory=Place)
+    time: float | None = None
+    next_commands: tuple[str, ...] = ()
+    source: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "iso_time": iso(self.time)}
+
+
+def iso(seconds: float | None) -> str | None:
+    """UTC ISO 8601 time, None for a time that is missing or outside what the platform can date."""
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _num(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _text(value: Any, limit: int = 400) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def places(records: list[dict[str, Any]]) -> dict[int, Place]:
+    """Each rank's place from its latest start record (run log, checked by runlog_schema)."""
+    out: dict[int, Place] = {}
+    for rec in records:
+        if rec.get("kind") == "start":
+            out[rec["rank"]] = Place(host=rec.get("node"), accelerator=rec.get("accelerator"),
+                                     card=rec.get("npu_id"), chip=rec.get("chip_id"))
+    return out
+
+
+def merge(base: Place | None, doc: Mapping[str, Any]) -> Place:
+    """``base`` with what a diagnosis document states itself (it was written on the rank's own host)."""
+    base = base or Place()
+    device = doc.get("device") if isinstance(doc.get("device"), dict) else {}
+    return Place(host=_text(doc.get("host"), 255) or base.host, pid=_int(doc.get("pid")) or base.pid,
+                 local_rank=_int(doc.get("local_rank")) if _int(doc.get("local_rank")) is not None
+                 else base.local_rank,
+                 accelerator=_text(doc.get("accelerator"), 32) or base.accelerator,
+                 card=_int(device.get("npu_id")) if _int(device.get("npu_id")) is not None else base.card,
+                 chip=_int(device.get("chip_id")) if _int(device.get("chip_id")) is not None else base.chip)
+
+
+def where(rank: int | None, place: Place) -> str:
+    parts = [f"rank {rank}" if rank is not None else "no rank named"]
+    if place.local_rank is not None:
+        parts.append(f"local rank {place.local_rank}")
+    if place.host:
+        parts.append(f"on {place.host}")
+    if place.pid:
+        parts.append(f"pid {place.pid}")
+    if place.card is not None:
+        parts.append(f"card {place.card}" + (f" chip {place.chip}" if place.chip is not None else ""))
+    return ", ".join(parts)
+
+
+def next_commands(kind: str, place: Place, cause: str | None = None) -> tuple[str, ...]:
+    """What to run next on the rank's host: its stack for a hang, its card's vitals for a slow compute."""
+    on = f" (on {place.host})" if place.host else ""
+    out = []
+    if place.pid and (kind == "hang" or cause != "compute"):
+        out.append(STACK_COMMAND.format(pid=place.pid) + on)
+    template = DEVICE_COMMAND.get(place.accelerator or "")
+    if template and place.card is not None and (kind == "straggler" or kind == "hang"):
+        out.append(template.format(card=place.card, chip=place.chip if place.chip is not None else 0) + on)
+    if kind == "straggler" and cause == "communication":
+        out.append("npudist bench collective --op all_reduce (its links against the others')")
+    if kind == "straggler" and cause == "data":
+        out.append("profile the input pipeline on that host (DataLoader num_workers, storage reads)")
+    return tuple(out)
+
+
+def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place]) -> list[Verdict]:
+    """A hang-attempt*.json (rank 0's verdict) or hang-rank*.json (a failing rank's report) document."""
+    inner = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else doc
+    line = _text(inner.get("line")) or _text(doc.get("cause")) or "a collective stopped making progress"
+    culprits = [r for r in inner.get("culprits", []) if _int(r) is not None] if isinstance(inner.get("culprits"),
+                                                                                           list) else []
+    if not culprits and isinstance(doc.get("not_reached"), list):
+        culprits = [r for r in doc["not_reached"] if _int(r) is not None]
+    details = inner.get("culprit_ranks") if isinstance(inner.get("culprit_ranks"), dict) else {}
+    who = doc.get("where") if isinstance(doc.get("where"), dict) else {}
+    at = _num(inner.get("time")) or _num(doc.get("time"))
+    out = []
+    for rank in culprits[:8] or [None]:
+        extra = details.get(str(rank)) or who.get(str(rank)) or {}
+        place = merge(known.get(rank) if rank is not None else None, extra if isinstance(extra, dict) else {})
+        out.append(Verdict("hang", line, rank, place, at, next_commands("hang", place), source))
+    return out
+
+
+def straggler_verdict(doc: Mapping[str, Any], source: str, known: Mapping[int, Place]) -> Verdict | None:
+    """A straggler-step*.json document (telemetry/job/straggler.py's diagnosis)."""
+    rank = _int(doc.get("straggler_rank"))
+    if rank is None:
+        return None
+    place = merge(known.get(rank), doc)
+    ratio, cause = _num(doc.get("slowdown_ratio")), _text(doc.get("cause"), 32)
+    steps = doc.get("steps") if isinstance(doc.get("steps"), list) else []
+    span = f" over steps {steps[0]}-{steps[-1]}" if len(steps) == 2 and all(_int(s) is not None for s in steps) else ""
+    summary = (f"rank {rank} works {'n/a' if ratio is None else f'{ratio:.2f}x'} the median of the others{span}; "
+               f"cause: {cause or 'unknown'}" + (f" ({_text(doc.get('cause_text'), 120)})"
+                                                 if _text(doc.get("cause_text")) else ""))
+    return Verdict("straggler", summary, rank, place, _num(doc.get("time")), next_commands("straggler", place, cause),
+                   source)
+
+
+def logged_stragglers(records: list[dict[str, Any]], known: Mapping[int, Place], source: str) -> list[Verdict]:
+    """Ranks the detector flagged in the run log's skew records: the evidence when diagnosis files were off."""
+    seen: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("kind") == "skew":
+            for r in rec.get("flagged") or []:
+                if r is not None and float(r).is_integer() and 0 <= r < (1 << 31):  # finite: runlog_schema
+                    seen.setdefault(int(r), rec)
+    out = []
+    for rank, rec in sorted(seen.items()):
+        ratios = rec.get("ratios") or []
+        ratio = ratios[rank] if rank < len(ratios) and ratios[rank] is not None else None
+        place = known.get(rank, Place())
+        summary = (f"rank {rank} flagged by the straggler detector over steps {rec['first_step']}-{rec['last_step']}"
+                   + (f", {ratio:.2f}x the median of the others" if ratio is not None else "")
+                   + " (from the run log; the cause needs --straggler-diagnosis)")
+        out.append(Verdict("straggler", summary, rank, place, rec.get("time"), next_commands("straggler", place),
+                           source))
+    return out
+
+
+def checkpoint_verdict(step: int, kind: str, source: str, at: float | None) -> Verdict:
+    """A save that died (a leftover .tmp-/.old- directory) or a step directory without its manifest."""
+    text = {"tmp": f"the checkpoint save of step {step} did not finish (its partial write is still in {source})",
+            "old": f"replacing the checkpoint of step {step} did not finish ({source} holds the old copy)",
+            "manifest": f"checkpoint step {step} has no manifest.json: it is not a complete checkpoint"}[kind]
+    return Verdict("checkpoint", text, 0, Place(), at,
+                   ("npudist's next save in this run directory cleans it up; check free space and quota: df -h "
+                    "RUN_DIR",), source)
+
+
+def ordered(verdicts: list[Verdict]) -> list[Verdict]:
+    """Most severe kind first, then by time (undated last), then rank."""
+    return sorted(verdicts, key=lambda v: (KINDS.index(v.kind), v.time is None, v.time or 0.0,
+                                           -1 if v.rank is None else v.rank))
+
+
+def headline(verdicts: list[Verdict]) -> str:
+    if not verdicts:
+        return "no hang, straggler or failed checkpoint recorded"
+    first = verdicts[0]
+    return f"{first.kind}: {where(first.rank, first.place)}: {first.summary}"
