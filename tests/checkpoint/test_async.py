@@ -118,7 +118,7 @@ def test_metrics_count_what_the_saves_did(tmp_path):
     checkpoint.save({"w": torch.ones(1000)}, tmp_path, 1, async_save=True).wait()
     checkpoint.save({"w": torch.ones(1000)}, tmp_path, 2)
     on_disk = sum(f.stat().st_size for d in ("step-00000001", "step-00000002") for f in (tmp_path / d).iterdir())
-    fams = {f.name: f for f in CheckpointCollector(CollectorHealth(), ["0", "0", "h"]).collect()}
+    fams = {f.name: f for f in CheckpointCollector(CollectorHealth(), ["0", "0", "h", "cpu", "0", "r1"]).collect()}
     assert sum(s.value for s in fams["npudist_checkpoint_bytes"].samples) == before.bytes + on_disk
     count = {s.name: s.value for s in fams["npudist_checkpoint_write_duration_seconds"].samples}
     assert count["npudist_checkpoint_write_duration_seconds_count"] == before.write.count + 2
@@ -133,7 +133,7 @@ def test_a_broken_stats_source_is_counted_not_raised():
     def broken():
         raise RuntimeError("boom")
 
-    assert list(CheckpointCollector(health, ["0", "0", "h"], stats=broken).collect()) == []
+    assert list(CheckpointCollector(health, ["0", "0", "h", "cpu", "0", "r1"], stats=broken).collect()) == []
     assert health.errors("checkpoint") == {"error": 1}
 
 

@@ -124,9 +124,9 @@ def test_the_exporter_shows_the_copy_s_age_size_blocking_time_and_recoveries(run
         peer_mod.restore(tmp_path, p)  # from memory: step 5
         p.due(7)
         registry = CollectorRegistry()
-        registry.register(CheckpointCollector(CollectorHealth(), ["0", "0", "n0", "cpu", "0"]))
+        registry.register(CheckpointCollector(CollectorHealth(), ["0", "0", "n0", "cpu", "0", "r1"]))
         text = generate_latest(registry).decode()
-    rank = 'chip="0",device="cpu",local_rank="0",node="n0",rank="0"'  # the exposition sorts labels
+    rank = 'chip="0",device="cpu",local_rank="0",node="n0",rank="0",run="r1"'  # the exposition sorts labels
     assert f"npudist_peer_snapshot_age_steps{{{rank}}} 2.0" in text  # step 7, copy of step 5
     assert f"npudist_peer_snapshot_bytes{{{rank}}} {float(p.stats.bytes)}" in text and p.stats.bytes > 0
     assert f'npudist_recoveries_total{{{rank},source="local-memory"}} 1.0' in text

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from npudist.telemetry.exposition.catalogue import family
+from npudist.telemetry.exposition.catalogue import family, rank_label_values
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.job.comm_metrics import histogram_buckets
 
@@ -23,7 +23,7 @@ NAME = "checkpoint"
 class CheckpointCollector:
     def __init__(self, health: CollectorHealth, rank_labels: Sequence[str],
                  stats: Callable[[], Any] | None = None) -> None:
-        self.health, self.labels = health, list(rank_labels)
+        self.health, self.labels = health, rank_label_values(rank_labels)  # "source" is appended after them
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
