@@ -188,6 +188,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
             elif rank == 0:
                 _write_state(state, tmp / STATE_FILE)
             if rank == 0:
+                time.sleep(float(os.environ.get(SYNC_DELAY_VAR) or 0))
                 write_began = time.perf_counter()
                 nbytes = _publish(root, tmp, final, step, keep, "sharded" if sharded else "plain", overwrite)
                 writer().record(write_s=time.perf_counter() - write_began, nbytes=nbytes)
@@ -311,6 +312,9 @@ def _publish(root: Path, tmp: Path, final: Path, step: int, keep: int, kind: str
 
 TEST_DELAY_VAR = "NPUDIST_TEST_CHECKPOINT_DELAY_S"
 """Tests only: seconds a background write sleeps between its files and its manifest (a slow disk)."""
+SYNC_DELAY_VAR = "NPUDIST_TEST_SYNC_CHECKPOINT_DELAY_S"
+"""Tests only: seconds rank 0 sleeps in a synchronous save before publishing, while the other ranks wait for
+it in the checkpoint's control collective (a slow disk)."""
 
 
 def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step: int, keep: int,
