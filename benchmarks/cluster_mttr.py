@@ -36,6 +36,7 @@ def main() -> int:
     p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--observe", type=float, default=150.0, help="seconds to watch after each fault")
+    p.add_argument("--subnet", default="10.213.0", help="the cluster's /24 (another one beside a running cluster)")
     p.add_argument("--jsonl", default=None, help="append each trial here as it ends")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print the table of the trials in JSONL")
     args = p.parse_args()
@@ -56,7 +57,7 @@ def main() -> int:
             nodes, nproc = LAYOUTS[layout]
             for fault in args.faults:
                 t = run_trial(fault, str(REPO / "examples" / "train_ddp.py"), nodes=nodes, nproc=nproc,
-                              observe_s=args.observe, env=env)
+                              observe_s=args.observe, env=env, subnet=args.subnet)
                 print(t, file=sys.stderr, flush=True)
                 if args.jsonl:
                     with open(args.jsonl, "a") as f:

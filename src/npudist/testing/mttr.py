@@ -102,7 +102,7 @@ def _named(c: Cluster, report: Path, nproc: int) -> str:
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
               observe_s: float = 120.0, env: dict[str, str] | None = None, keep: str | None = None,
-              prometheus: bool = True) -> Trial:
+              prometheus: bool = True, subnet: str = "10.213.0") -> Trial:
     """Start the job, apply ``fault`` to the last node (its last rank for stop_rank/slow_rank) after
     ``warm_steps`` steps, watch node 0 for ``observe_s``; with ``prometheus`` a real Prometheus scrapes every
     node (npudist.testing.cluster_monitor) and the whole window is watched for alerts, else the trial ends at
@@ -118,7 +118,7 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
     if fault == "slow_rank":
         job += ["--slow-rank", str(last), "--slow-factor", str(SLOW_FACTOR), "--slow-from", str(warm_steps + 1)]
     with contextlib.ExitStack() as stack:
-        c = stack.enter_context(Cluster(nodes))
+        c = stack.enter_context(Cluster(nodes, subnet=subnet))
         mon = stack.enter_context(Monitor(c, run)) if prometheus else None
         victim = c.nodes[-1]
         logs = [_Log(run / f"{n.hostname}.log") for n in c.nodes]
