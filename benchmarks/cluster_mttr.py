@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def main() -> int:
         done = [Trial(**json.loads(line)) for line in Path(args.table).read_text().splitlines() if line.strip()]
         print(table(sorted(done, key=lambda t: (list(LAYOUTS).index(t.layout), FAULTS.index(t.fault)))))
         return 0
+    # A kill (timeout, Ctrl-C from a wrapper) unwinds the with-blocks: no namespace or process is left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reason = unavailable()
     if reason:
         print(f"cluster_mttr: cannot build a cluster here: {reason}", file=sys.stderr)

@@ -371,9 +371,10 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
 def _raise_if_any(error: CheckpointError | None) -> None:
     """Every rank raises the first failed rank's error, so no rank trains on believing a checkpoint
     exists, and all of them make the same collectives whether it failed or not."""
-    src = control.first_rank(error is not None)
+    # Numbered: the other ranks wait here while rank 0 writes, and a peer lost meanwhile must be named.
+    src = control.first_rank(error is not None, numbered=True)
     if src is not None:  # the failure path only: one more control message carries the reason
-        message = control.broadcast_object(str(error) if error is not None else None, src=src)
+        message = control.broadcast_object(str(error) if error is not None else None, src=src, numbered=True)
         if error is None:
             error = CheckpointError(message)
     if error is not None:

@@ -19,7 +19,9 @@ These messages are not counted by the recorder: they are npudist's bookkeeping, 
 traffic (``npudist.comm.stats()``). Nor are they numbered by the watchdog while they succeed; one on the
 job's group that fails (a peer's node lost while the others wait at a checkpoint) is numbered then and
 diagnosed like a training collective: every live rank fails in it and numbers it, a lost one cannot, so
-the verdict names the lost ranks and their node instead of leaving the backend's bare error.
+the verdict names the lost ranks and their node instead of leaving the backend's bare error. The
+checkpoint's agreement, where the other ranks wait while rank 0 writes, is numbered while it runs
+(``numbered=True``), so a peer cut off without an error (a partitioned node) is found there too.
 """
 
 from __future__ import annotations
@@ -72,20 +74,26 @@ def device(group: Any = None) -> torch.device:
     return torch.device(types[0])  # no index: the current device of that type
 
 
-def _diagnosed(op: str, group: Any, call: Callable[[], Any]) -> Any:
+def _diagnosed(op: str, group: Any, call: Callable[[], Any], numbered: bool = False) -> Any:
     """``call()``; a communication failure on the job's group, on the main thread (whose record the
-    watchdog keeps; DCP's background writes use the side group), becomes CollectiveHangError."""
+    watchdog keeps; DCP's background writes use the side group), becomes CollectiveHangError. With
+    ``numbered`` the call is numbered while it runs, as a training collective is, so the hang reader
+    also sees ranks waiting in it for a peer that will never come (a partitioned node sends no error)."""
+    watched = group is None and threading.current_thread() is threading.main_thread()
+    watchdog = state().watchdog
+    seq = watchdog.enter(op, 0) if watched and numbered else 0
     try:
-        return call()
+        out = call()
     except DIST_ERRORS as exc:
-        if group is not None or threading.current_thread() is not threading.main_thread() \
-                or not communication_failure(exc):
+        if not watched or not communication_failure(exc):
             raise
-        watchdog = state().watchdog
-        err = watchdog.diagnose(op, watchdog.enter(op, 0), 0, exc)
+        err = watchdog.diagnose(op, seq or watchdog.enter(op, 0), 0, exc)
         if err is None:
             raise
         raise err from exc
+    if seq:
+        watchdog.done(seq)
+    return out
 
 
 def any_rank(flag: bool, group: Any = None) -> bool:
@@ -97,14 +105,14 @@ def any_rank(flag: bool, group: Any = None) -> bool:
     return bool(t.item())
 
 
-def first_rank(flag: bool, group: Any = None) -> int | None:
+def first_rank(flag: bool, group: Any = None, *, numbered: bool = False) -> int | None:
     """The lowest rank of ``group`` whose ``flag`` is set, on every rank; None when no rank set it (a MIN
-    all-reduce of one element)."""
+    all-reduce of one element). ``numbered``: the hang watchdog numbers it (a wait the job can hang in)."""
     if not distributed():
         return 0 if flag else None
     world = dist.get_world_size(group)
     t = torch.tensor([dist.get_rank(group) if flag else world], dtype=torch.int32, device=device(group))
-    _diagnosed("control all_reduce", group, lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group))
+    _diagnosed("control all_reduce", group, lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group), numbered)
     first = int(t.item())
     return first if first < world else None
 
@@ -118,13 +126,14 @@ def from_rank(flag: bool, src: int = 0, group: Any = None) -> bool:
     return bool(t.item())
 
 
-def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
-    """Rank ``src``'s ``obj`` (picklable; only trusted npudist values), on every rank."""
+def broadcast_object(obj: Any, src: int = 0, group: Any = None, *, numbered: bool = False) -> Any:
+    """Rank ``src``'s ``obj`` (picklable; only trusted npudist values), on every rank (``numbered``: see
+    first_rank)."""
     if not distributed():
         return obj
     box = [obj]
     _diagnosed("control broadcast", group,
-               lambda: dist.broadcast_object_list(box, src=src, group=group, device=device(group)))
+               lambda: dist.broadcast_object_list(box, src=src, group=group, device=device(group)), numbered)
     return box[0]
 
 
