@@ -149,7 +149,8 @@ def _fault_named(tmp_path: Path, fault: str, at_checkpoint: bool) -> tuple[float
 @pytest.mark.parametrize(("fault", "at_checkpoint"), [("kill_node", True), ("partition", False)])
 def test_a_lost_node_is_named_within_30_s(tmp_path, fault, at_checkpoint):
     elapsed, verdict, named = _fault_named(tmp_path, fault, at_checkpoint)
-    assert sorted(verdict["not_reached"]) == [2, 3], verdict
+    # Blamed: both ranks of node1, whether they died before or inside the call the others wait in.
+    assert sorted(verdict.get("culprits") or verdict["not_reached"]) == [2, 3], verdict
     assert named == "node1 (10.213.0.2, ranks 2-3)"
     assert elapsed < 30, f"{fault}: named after {elapsed:.1f} s"
     if at_checkpoint:
