@@ -43,8 +43,8 @@ class Trial:
     steps_lost: int | None = None
     world_after: int | None = None
     layout: str = ""
-    named_right: bool | None = None
-    """The named node and ranks are the faulted ones."""
+    named_right: str | bool | None = None
+    """right (the faulted node or rank, nothing else), also names others, or wrong."""
     alerts: list = field(default_factory=list)
     """npudist.testing.cluster_monitor.Fired: each alert first seen firing after the fault."""
     notes: list[str] = field(default_factory=list)
@@ -71,15 +71,17 @@ class _Log:
         return max((int(m[1]) for _, ln in self.lines if (m := _STEP.match(ln))), default=0)
 
 
-def _worker_pid(c: Cluster, node) -> int | None:
+def _worker_pid(c: Cluster, node, rank: int) -> int | None:
+    """The pid of the training worker of global ``rank`` on ``node`` (torchrun sets RANK in its environment)."""
     import psutil
 
     for pid in c.pids(node):
         try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
+            proc = psutil.Process(pid)
+            cmd, env = " ".join(proc.cmdline()), proc.environ()
         except psutil.Error:
             continue
-        if "train_ddp.py" in cmd and "npudist launch" not in cmd and " launch " not in cmd:
+        if "train_ddp.py" in cmd and " launch " not in cmd and env.get("RANK") == str(rank):
             return pid
     return None
 
@@ -93,11 +95,12 @@ def _survivors_reports(run: Path, victim_ranks: range) -> list[Path]:
     return ranks + sorted(run.glob("hang-attempt*.json")) + sorted(run.glob("straggler-step*.json"))
 
 
-def _named(c: Cluster, report: Path, nproc: int) -> str:
+def _blamed(report: Path) -> tuple[list[int], str]:
+    """The ranks a verdict names, and the straggler cause when it is a straggler diagnosis."""
     doc = json.loads(report.read_text())
     if report.name.startswith("straggler"):
-        return f"{c.describe([doc['rank']], nproc)}, cause {doc.get('cause')}"
-    return c.describe(doc.get("not_reached") or doc.get("culprits") or [], nproc)
+        return [doc["rank"]], f", cause {doc.get('cause')}"
+    return list(doc.get("not_reached") or doc.get("culprits") or []), ""
 
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
@@ -113,7 +116,9 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
     env = dict(os.environ if env is None else env)
     trial = Trial(fault, layout=f"{nodes}x{nproc}")
     last = nodes * nproc - 1
-    job = [script, "--steps", "100000", "--log-every", "1", "--run-dir", str(run), "--checkpoint-every", "5",
+    # 48 sequences divide over every world an elastic 4-node job can shrink to (4, 3, 2, 1 ranks).
+    job = [script, "--global-batch-size", "48", "--steps", "100000", "--log-every", "1", "--run-dir", str(run),
+           "--checkpoint-every", "5",
            "--sync-checkpoints", "--exchange-every", "5", "--straggler-diagnosis", "3"]
     if fault == "slow_rank":
         job += ["--slow-rank", str(last), "--slow-factor", str(SLOW_FACTOR), "--slow-from", str(warm_steps + 1)]
@@ -146,7 +151,7 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
         elif fault == "slow_link":
             c.slow(victim, "1mbit")
         elif fault == "stop_rank":
-            pid = _worker_pid(c, victim)
+            pid = _worker_pid(c, victim, last)
             if pid is None:
                 trial.notes.append("no worker found to stop")
                 return trial
@@ -167,7 +172,9 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
                 after = [(t, int(m[2])) for t, ln in new if t >= resumed[-1][0] and (m := _STEP.match(ln))]
                 if after:
                     trial.recover_s = round(after[0][0] - start, 1)
-                    trial.steps_lost = before - resumed[-1][1]
+                    reached = max((int(m[1]) for t, ln in logs[0].lines if t < resumed[-1][0]
+                                   and (m := _STEP.match(ln))), default=before)
+                    trial.steps_lost = reached - resumed[-1][1]
                     trial.world_after = after[0][1]
                     trial.action = (f"torchrun restarted the workers; resumed from step {resumed[-1][1]} at "
                                     f"world {after[0][1]}")
@@ -175,12 +182,14 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
                         break
         reports = _survivors_reports(run, victim_ranks)
         if reports:
-            trial.named = _named(c, reports[0], nproc)
-            culprit = victim_ranks if fault in ("kill_node", "partition", "slow_link") else [last]
-            trial.named_right = trial.named.startswith(c.describe(culprit, nproc))
-            reader = [_named(c, r, nproc) for r in reports if r.name.startswith("hang-attempt")]
-            if reader and reader[0] != trial.named:
-                trial.notes.append(f"rank 0's reader verdict named {reader[0]}")
+            ranks, cause = _blamed(reports[0])
+            trial.named = c.describe(ranks, nproc) + cause
+            culprit = set(victim_ranks if fault in ("kill_node", "partition", "slow_link") else [last])
+            trial.named_right = "right" if set(ranks) == culprit else "also names others" \
+                if culprit <= set(ranks) else "wrong"
+            reader = [_blamed(r)[0] for r in reports if r.name.startswith("hang-attempt")]
+            if reader and sorted(reader[0]) != sorted(ranks):
+                trial.notes.append(f"rank 0's reader verdict named {c.describe(reader[0], nproc)}")
         if mon:
             trial.alerts = sorted(mon.fired.values(), key=lambda f: f.after_s)
         if not trial.action:
@@ -190,8 +199,8 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
     return trial
 
 
-def _right(ok: bool | None) -> str:
-    return {True: " (right)", False: " (WRONG)", None: ""}[ok]
+def _right(ok: str | bool | None) -> str:
+    return "" if ok is None else f" ({ {True: 'right', False: 'wrong'}.get(ok, ok) })"
 
 
 def _alert(a: object) -> str:
