@@ -1,5 +1,7 @@
 """Multi-node jobs on a cluster of network namespaces (npudist.testing.cluster): the harness itself, a start
-with no interface variable, the loopback refusal, and node faults named as nodes.
+with no interface variable, the loopback refusal, node faults named as nodes (one while the others wait at
+a checkpoint), and an elastic job that goes on alone through a partition and takes the node back when it
+heals, without split brain.
 
 Needs root and iproute2 (CI runs as root); elsewhere every test skips with the harness's reason.
 """
