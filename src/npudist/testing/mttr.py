@@ -30,7 +30,8 @@ SLOW_FACTOR = 1.3
 _STEP = re.compile(r"^step=(\d+) .*\bworld=(\d+)")
 _RESUMED = re.compile(r"^resumed from step=(\d+)")
 _DETECT = re.compile(r"npudist hang:|never reached it|CollectiveHangError|ChildFailedError|Connection reset|"
-                     r"straggler diagnosis:")
+                     r"straggler diagnosis:|^straggler: rank \d+ works")
+_STRAGGLER = re.compile(r"^straggler: rank (\d+) works .*; cause: (\w+)")
 
 
 @dataclass
@@ -181,8 +182,10 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
                     if not mon:
                         break
         reports = _survivors_reports(run, victim_ranks)
-        if reports:
-            ranks, cause = _blamed(reports[0])
+        flagged = [m for _, ln in logs[0].lines[mark:] if (m := _STRAGGLER.match(ln))]
+        if reports or flagged:
+            # The job's own first word on it: a verdict file, else the straggler line rank 0 logs.
+            ranks, cause = _blamed(reports[0]) if reports else ([int(flagged[0][1])], f", cause {flagged[0][2]}")
             trial.named = c.describe(ranks, nproc) + cause
             culprit = set(victim_ranks if fault in ("kill_node", "partition", "slow_link") else [last])
             trial.named_right = "right" if set(ranks) == culprit else "also names others" \
