@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from npudist.runtime.network import IFNAME_VARS  # noqa: E402
 from npudist.testing.cluster import unavailable  # noqa: E402
-from npudist.testing.mttr import FAULTS, Trial, run_trial, table  # noqa: E402
+from npudist.testing.mttr import FAULTS, Trial, run_trial, summary, table  # noqa: E402
 
 LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}
 
@@ -40,10 +40,12 @@ def main() -> int:
     p.add_argument("--subnet", default="10.213.0", help="the cluster's /24 (another one beside a running cluster)")
     p.add_argument("--jsonl", default=None, help="append each trial here as it ends")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print the table of the trials in JSONL")
+    p.add_argument("--summary", action="store_true", help="with --table: one row per layout and fault")
     args = p.parse_args()
     if args.table:
         done = [Trial(**json.loads(line)) for line in Path(args.table).read_text().splitlines() if line.strip()]
-        print(table(sorted(done, key=lambda t: (list(LAYOUTS).index(t.layout), FAULTS.index(t.fault)))))
+        done.sort(key=lambda t: (list(LAYOUTS).index(t.layout), FAULTS.index(t.fault)))
+        print(summary(done) if args.summary else table(done))
         return 0
     # A kill (timeout, Ctrl-C from a wrapper) unwinds the with-blocks: no namespace or process is left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -212,6 +212,29 @@ def _alert(a: object) -> str:
     return str(a)
 
 
+def summary(trials: list[Trial]) -> str:
+    """One row per (layout, fault): every trial's value, in trial order, separated by " / "."""
+    rows = {}
+    for t in trials:
+        rows.setdefault((t.layout, t.fault), []).append(t)
+    fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+    out = ["| layout | fault | trials | detect (s) | named | training again after (s) | world after | steps lost | "
+           "alerts fired (s after the fault) |", "|---|---|---|---|---|---|---|---|---|"]
+    for (layout, fault), ts in rows.items():
+        named = sorted({t.named for t in ts if t.named})
+        checks = [{True: "right", False: "wrong"}.get(t.named_right, t.named_right) or "nothing" for t in ts]
+        alerts: dict[str, list[str]] = {}
+        for i, t in enumerate(ts):
+            for a in t.alerts:
+                name, after = (a["name"], a["after_s"]) if isinstance(a, dict) else (a.name, a.after_s)
+                alerts.setdefault(name, ["-"] * len(ts))[i] = f"{after:.0f}"
+        out.append(f"| {layout} | {fault} | {len(ts)} | {' / '.join(fmt(t.detect_s) for t in ts)} | "
+                   f"{'; '.join(named) or '-'} ({', '.join(checks)}) | {' / '.join(fmt(t.recover_s) for t in ts)} | "
+                   f"{' / '.join(fmt(t.world_after) for t in ts)} | {' / '.join(fmt(t.steps_lost) for t in ts)} | "
+                   f"{'; '.join(f'{n} {chr(47).join(v)}' for n, v in alerts.items()) or '-'} |")
+    return "\n".join(out)
+
+
 def table(trials: list[Trial]) -> str:
     head = ("| layout | fault | detect (s) | named | action | training again after (s) | steps lost | alerts fired "
             "(severity, s after the fault) |\n|---|---|---|---|---|---|---|---|")
