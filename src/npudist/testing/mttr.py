@@ -101,7 +101,9 @@ def _blamed(report: Path) -> tuple[list[int], str]:
     doc = json.loads(report.read_text())
     if report.name.startswith("straggler"):
         return [doc["rank"]], f", cause {doc.get('cause')}"
-    return list(doc.get("not_reached") or doc.get("culprits") or []), ""
+    if report.name.startswith("hang-attempt"):  # rank 0's verdict: the culprits, not the live ranks held back
+        return list(doc.get("culprits") or doc.get("not_reached") or []), ""
+    return list(doc.get("not_reached") or []), ""
 
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
