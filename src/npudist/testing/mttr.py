@@ -100,7 +100,7 @@ def _blamed(report: Path) -> tuple[list[int], str]:
     """The ranks a verdict names, and the straggler cause when it is a straggler diagnosis."""
     doc = json.loads(report.read_text())
     if report.name.startswith("straggler"):
-        return [doc["rank"]], f", cause {doc.get('cause')}"
+        return [doc["straggler_rank"]], f", cause {doc.get('cause')}"
     if report.name.startswith("hang-attempt"):  # rank 0's verdict: the culprits, not the live ranks held back
         return list(doc.get("culprits") or doc.get("not_reached") or []), ""
     return list(doc.get("not_reached") or []), ""
