@@ -1,17 +1,23 @@
-"""The MTTR table: node-level faults on an elastic job in a namespace cluster (root, iproute2).
+"""The MTTR table: node-level faults on an elastic job in a namespace cluster (root, iproute2, prometheus).
 
-    sudo python benchmarks/cluster_mttr.py                       # every fault, 1 trial, 2 nodes x 2 ranks
-    sudo python benchmarks/cluster_mttr.py --faults kill_node partition --trials 3
+    sudo python benchmarks/cluster_mttr.py                       # every fault and layout, 1 trial
+    sudo python benchmarks/cluster_mttr.py --trials 3 --jsonl mttr.jsonl
 
-Each trial builds 2 nodes in network namespaces (npudist.testing.cluster), starts examples/train_ddp.py on
-both with ``npudist launch --nnodes 1:2`` (c10d rendezvous, 3 restarts, a checkpoint every 5 steps), applies
-one fault to node1 after 10 steps and times node 0 until a step runs again (npudist.testing.mttr).
+Each trial builds the nodes in network namespaces (npudist.testing.cluster), each with its own
+``npudist exporter``, and a real Prometheus with npudist's rules scraping every node and rank
+(npudist.testing.cluster_monitor); starts examples/train_ddp.py on every node with ``npudist launch
+--nnodes 1:N`` (c10d rendezvous, 3 restarts, a checkpoint every 5 steps), applies one fault to the last
+node after 10 steps and times node 0 until a step runs again, watching for alerts for ``--observe`` s
+(npudist.testing.mttr). Trials go round the (layout, fault) pairs, so an interrupted run has every row.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,15 +26,29 @@ sys.path.insert(0, str(REPO / "src"))
 
 from npudist.runtime.network import IFNAME_VARS  # noqa: E402
 from npudist.testing.cluster import unavailable  # noqa: E402
-from npudist.testing.mttr import FAULTS, run_trial, table  # noqa: E402
+from npudist.testing.mttr import FAULTS, Trial, run_trial, summary, table  # noqa: E402
+
+LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument("--trials", type=int, default=1)
-    p.add_argument("--observe", type=float, default=120.0, help="seconds to watch after each fault")
+    p.add_argument("--observe", type=float, default=150.0, help="seconds to watch after each fault")
+    p.add_argument("--subnet", default="10.213.0", help="the cluster's /24 (another one beside a running cluster)")
+    p.add_argument("--jsonl", default=None, help="append each trial here as it ends")
+    p.add_argument("--table", default=None, metavar="JSONL", help="only print the table of the trials in JSONL")
+    p.add_argument("--summary", action="store_true", help="with --table: one row per layout and fault")
     args = p.parse_args()
+    if args.table:
+        done = [Trial(**json.loads(line)) for line in Path(args.table).read_text().splitlines() if line.strip()]
+        done.sort(key=lambda t: (list(LAYOUTS).index(t.layout), FAULTS.index(t.fault)))
+        print(summary(done) if args.summary else table(done))
+        return 0
+    # A kill (timeout, Ctrl-C from a wrapper) unwinds the with-blocks: no namespace or process is left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reason = unavailable()
     if reason:
         print(f"cluster_mttr: cannot build a cluster here: {reason}", file=sys.stderr)
@@ -37,11 +57,18 @@ def main() -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("OMP_NUM_THREADS", "1")
     trials = []
-    for fault in args.faults:
-        for _ in range(args.trials):
-            t = run_trial(fault, str(REPO / "examples" / "train_ddp.py"), observe_s=args.observe, env=env)
-            print(t, file=sys.stderr, flush=True)
-            trials.append(t)
+    for _ in range(args.trials):
+        for layout in args.layouts:
+            nodes, nproc = LAYOUTS[layout]
+            for fault in args.faults:
+                t = run_trial(fault, str(REPO / "examples" / "train_ddp.py"), nodes=nodes, nproc=nproc,
+                              observe_s=args.observe, env=env, subnet=args.subnet)
+                print(t, file=sys.stderr, flush=True)
+                if args.jsonl:
+                    with open(args.jsonl, "a") as f:
+                        f.write(json.dumps(dataclasses.asdict(t)) + "\n")
+                trials.append(t)
+    trials.sort(key=lambda t: (list(LAYOUTS).index(t.layout), FAULTS.index(t.fault)))
     print(table(trials))
     return 0
 

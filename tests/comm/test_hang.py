@@ -220,7 +220,7 @@ def test_the_stall_gauge_is_exported_where_a_reader_runs():
     from npudist.telemetry.exposition.collector_health import CollectorHealth
     from npudist.telemetry.job.comm_metrics import CommCollector
 
-    labels = ["0", "0", "n", "cpu", "0"]
+    labels = ["0", "0", "n", "cpu", "0", "r1"]
     fams = {f.name: f for f in CommCollector(CollectorHealth(), labels, stats=lambda: type("S", (), {"ops": ()})(),
                                              stall=lambda: 12.5).collect()}
     assert [s.value for s in fams["npudist_hang_stall_seconds"].samples] == [12.5]

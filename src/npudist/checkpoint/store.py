@@ -188,6 +188,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
             elif rank == 0:
                 _write_state(state, tmp / STATE_FILE)
             if rank == 0:
+                time.sleep(float(os.environ.get(SYNC_DELAY_VAR) or 0))
                 write_began = time.perf_counter()
                 nbytes = _publish(root, tmp, final, step, keep, "sharded" if sharded else "plain", overwrite)
                 writer().record(write_s=time.perf_counter() - write_began, nbytes=nbytes)
@@ -311,6 +312,9 @@ def _publish(root: Path, tmp: Path, final: Path, step: int, keep: int, kind: str
 
 TEST_DELAY_VAR = "NPUDIST_TEST_CHECKPOINT_DELAY_S"
 """Tests only: seconds a background write sleeps between its files and its manifest (a slow disk)."""
+SYNC_DELAY_VAR = "NPUDIST_TEST_SYNC_CHECKPOINT_DELAY_S"
+"""Tests only: seconds rank 0 sleeps in a synchronous save before publishing, while the other ranks wait for
+it in the checkpoint's control collective (a slow disk)."""
 
 
 def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step: int, keep: int,
@@ -367,9 +371,10 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
 def _raise_if_any(error: CheckpointError | None) -> None:
     """Every rank raises the first failed rank's error, so no rank trains on believing a checkpoint
     exists, and all of them make the same collectives whether it failed or not."""
-    src = control.first_rank(error is not None)
+    # Numbered: the other ranks wait here while rank 0 writes, and a peer lost meanwhile must be named.
+    src = control.first_rank(error is not None, numbered=True)
     if src is not None:  # the failure path only: one more control message carries the reason
-        message = control.broadcast_object(str(error) if error is not None else None, src=src)
+        message = control.broadcast_object(str(error) if error is not None else None, src=src, numbered=True)
         if error is None:
             error = CheckpointError(message)
     if error is not None:

@@ -15,14 +15,21 @@ The one gloo group npudist does make is ``side_group()``, for DCP's background w
 collectives must not interleave with the training loop's on the default group; it is created at the
 first sharded asynchronous save, once per job, and dropped with the Runtime.
 
-These messages are not numbered by the watchdog or counted by the recorder: they are npudist's
-bookkeeping, not the training job's traffic (``npudist.comm.stats()``).
+These messages are not counted by the recorder: they are npudist's bookkeeping, not the training job's
+traffic (``npudist.comm.stats()``). Nor are they numbered by the watchdog while they succeed; one on the
+job's group that fails (a peer's node lost while the others wait at a checkpoint) is numbered then and
+diagnosed like a training collective: every live rank fails in it and numbers it, a lost one cannot, so
+the verdict names the lost ranks and their node instead of leaving the backend's bare error. The
+checkpoint's agreement, where the other ranks wait while rank 0 writes, is numbered while it runs
+(``numbered=True``), so a peer cut off without an error (a partitioned node) is found there too.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +39,8 @@ import torch.distributed as dist
 from npudist.comm import context
 from npudist.comm.buffers import aligned_empty
 from npudist.comm.state import state
+from npudist.comm.watched import communication_failure
+from npudist.runtime.compat import DIST_ERRORS
 
 log = logging.getLogger("npudist.comm")
 CPU = torch.device("cpu")
@@ -65,23 +74,45 @@ def device(group: Any = None) -> torch.device:
     return torch.device(types[0])  # no index: the current device of that type
 
 
+def _diagnosed(op: str, group: Any, call: Callable[[], Any], numbered: bool = False) -> Any:
+    """``call()``; a communication failure on the job's group, on the main thread (whose record the
+    watchdog keeps; DCP's background writes use the side group), becomes CollectiveHangError. With
+    ``numbered`` the call is numbered while it runs, as a training collective is, so the hang reader
+    also sees ranks waiting in it for a peer that will never come (a partitioned node sends no error)."""
+    watched = group is None and threading.current_thread() is threading.main_thread()
+    watchdog = state().watchdog
+    seq = watchdog.enter(op, 0) if watched and numbered else 0
+    try:
+        out = call()
+    except DIST_ERRORS as exc:
+        if not watched or not communication_failure(exc):
+            raise
+        err = watchdog.diagnose(op, seq or watchdog.enter(op, 0), 0, exc)
+        if err is None:
+            raise
+        raise err from exc
+    if seq:
+        watchdog.done(seq)
+    return out
+
+
 def any_rank(flag: bool, group: Any = None) -> bool:
     """True on every rank when ``flag`` is set on any rank (a MAX all-reduce of one element)."""
     if not distributed():
         return bool(flag)
     t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device(group))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    _diagnosed("control all_reduce", group, lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group))
     return bool(t.item())
 
 
-def first_rank(flag: bool, group: Any = None) -> int | None:
+def first_rank(flag: bool, group: Any = None, *, numbered: bool = False) -> int | None:
     """The lowest rank of ``group`` whose ``flag`` is set, on every rank; None when no rank set it (a MIN
-    all-reduce of one element)."""
+    all-reduce of one element). ``numbered``: the hang watchdog numbers it (a wait the job can hang in)."""
     if not distributed():
         return 0 if flag else None
     world = dist.get_world_size(group)
     t = torch.tensor([dist.get_rank(group) if flag else world], dtype=torch.int32, device=device(group))
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    _diagnosed("control all_reduce", group, lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group), numbered)
     first = int(t.item())
     return first if first < world else None
 
@@ -123,16 +154,18 @@ def from_rank(flag: bool, src: int = 0, group: Any = None) -> bool:
     if not distributed():
         return bool(flag)
     t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device(group))
-    dist.broadcast(t, src=src, group=group)
+    _diagnosed("control broadcast", group, lambda: dist.broadcast(t, src=src, group=group))
     return bool(t.item())
 
 
-def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
-    """Rank ``src``'s ``obj`` (picklable; only trusted npudist values), on every rank."""
+def broadcast_object(obj: Any, src: int = 0, group: Any = None, *, numbered: bool = False) -> Any:
+    """Rank ``src``'s ``obj`` (picklable; only trusted npudist values), on every rank (``numbered``: see
+    first_rank)."""
     if not distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group, device=device(group))
+    _diagnosed("control broadcast", group,
+               lambda: dist.broadcast_object_list(box, src=src, group=group, device=device(group)), numbered)
     return box[0]
 
 
@@ -150,7 +183,7 @@ def gather_rows(row: list[float], group: Any = None) -> tuple[list[list[float]],
     mine.zero_()
     mine[:n] = torch.tensor(row, dtype=torch.float32)
     out = [aligned_empty(padded, torch.float32, dev, c.alignment_bytes) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, mine, group=group)
+    _diagnosed("control all_gather", group, lambda: dist.all_gather(out, mine, group=group))
     return [t[:n].cpu().tolist() for t in out], dist.get_rank(group)
 
 
@@ -159,12 +192,17 @@ def barrier(timeout: timedelta, group: Any = None) -> None:
     ``monitored_barrier``, which names a rank that never came within ``timeout``; on device groups it
     is an all-reduce of one element (``dist.barrier`` there guesses a device when none is bound, and
     not every device backend implements it), bounded by the group's own timeout."""
+    _diagnosed("control barrier", group, lambda: _barrier(timeout, group))
+
+
+def _barrier(timeout: timedelta, group: Any) -> None:
     if not distributed() or dist.get_world_size(group) == 1:
         return
     if device(group).type == "cpu" and str(dist.get_backend(group)) == "gloo":
         dist.monitored_barrier(group=group, timeout=timeout)
         return
-    any_rank(False, group)
+    t = torch.zeros(1, dtype=torch.int32, device=device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
 
 
 def side_group() -> Any:
@@ -186,7 +224,7 @@ def end_group() -> None:
         return
     if sys.exc_info()[0] is None:
         try:
-            barrier(timedelta(seconds=SHUTDOWN_BARRIER_S))
-        except Exception as exc:  # a peer that already left must not turn shutdown into an error
+            _barrier(timedelta(seconds=SHUTDOWN_BARRIER_S), None)
+        except Exception as exc:  # a peer that already left must not turn shutdown into an error nor a report
             log.debug("shutdown barrier failed: %s", exc)
     dist.destroy_process_group()

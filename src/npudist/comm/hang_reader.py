@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import socket
 import sys
 import threading
@@ -212,10 +213,35 @@ class HangReader:
         return (hang.Suspects("all_reached", sorted({*found.ranks, *found.waiting}), top, sorted(inside)),
                 answered | more, {**looks, **more_looks})
 
+    def _node_mates(self, records: Records, found: hang.Suspects, answered: set[int],
+                    looks: dict[int, Look]) -> tuple[hang.Suspects, set[int], dict[int, Look]]:
+        """A node lost as a whole can leave some of its ranks' records inside the call the others wait in
+        (they entered it before the node died) and others behind it: the waiting ranks on the host of a
+        silent suspect (torchrun's node = a block of LOCAL_WORLD_SIZE ranks, confirmed by the host each
+        published) are looked at too, and the silent ones join the culprits. O(ranks per node)."""
+        silent = [r for r in found.ranks if r not in answered]
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+        if found.kind != "behind" or not silent or not found.waiting or per_node < 2:
+            return found, answered, looks
+        blocks = {r // per_node for r in silent}
+        near = [r for r in found.waiting if r // per_node in blocks]
+        who = watchdog.read_who(self.wd._connect(), silent[:watchdog.WHO_AT_MOST // 2] + near)
+        hosts = {who[r][0] for r in silent if r in who}
+        mates = [r for r in near if r in who and who[r][0] in hosts]
+        if not mates:
+            return found, answered, looks
+        more, more_looks = self._probe(mates)
+        gone = set(mates) - more
+        if not gone:
+            return found, answered, looks
+        return (hang.Suspects("behind", sorted({*found.ranks, *gone}), found.top,
+                              [r for r in found.waiting if r not in gone]), answered | more, {**looks, **more_looks})
+
     def _judge(self, records: Records, stalled: float, cause: str, recheck: bool = False) -> None:
         found = hang.suspects(records)
         answered, looks = self._probe(found.ranks)
         found, answered, looks = self._ahead_dead(records, found, answered, looks)
+        found, answered, looks = self._node_mates(records, found, answered, looks)
         self._looked_at = self.clock()
         if recheck:
             # One more read after the probe: if any rank moved on meanwhile, the job was slow, not hung.

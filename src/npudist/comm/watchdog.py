@@ -57,6 +57,12 @@ ABORT_STEP = 1_000_000
 STANDBY_RANK = 1
 """Rank 1's watchdog stands in for rank 0's hang reader when rank 0 goes silent (hang_reader.py)."""
 VERDICT_WAIT_S = 6.0
+CUT_OFF_S = 10.0
+"""A rank inside a collective whose every store call has failed for this long (or the hang bound, when set)
+is cut off from its job: its node was partitioned and the job went on without it (elastic), or the job is
+gone. It exits, so that torchrun's agent on its node rejoins the job (a new rendezvous round) instead of
+leaving it blocked until the collective timeout. Store calls may block while a cable is out; they fail
+once the route is back and the store they knew is found gone, so at the latest this fires then."""
 """How long a failing rank other than 0 waits for rank 0's verdict before judging from the records."""
 
 
@@ -214,6 +220,7 @@ class Watchdog:
         self._store: Any = None
         self._ctl_seen = 0
         self._failures = 0
+        self._failing_since: float | None = None
         self.run_dir = run_dir
         """Where hang reports are written (None: nowhere)."""
 
@@ -368,11 +375,27 @@ class Watchdog:
                         self.reader.tick()
                     if self.standby is not None:
                         self.standby.tick()
+                self._failing_since = None
             except Exception as exc:  # the watchdog must never take the job down
                 (log.debug if self._failures else log.warning)(
                     "npudist watchdog: store call failed (%s: %s); hang diagnosis may be late",
                     type(exc).__name__, exc)
                 self._failures += 1
+                self._cut_off(now, exc)
+
+    def _cut_off(self, now: float, exc: Exception) -> None:
+        """Exit when this rank has been cut off from its job for CUT_OFF_S inside a collective."""
+        if self._failing_since is None:
+            self._failing_since = now
+        rec, lost_s = self.record, now - self._failing_since
+        if rec is None or rec.state != "entered" or self.hang_action != "abort" \
+                or lost_s < (self.hang_timeout_s or CUT_OFF_S):
+            return
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        self._abort(f"rank {rec.rank} ({socket.gethostname()}): cut off from the job for {lost_s:.0f} s inside "
+                    f"{rec.op} #{rec.seq}: every call to the job's store at {where} fails "
+                    f"({type(exc).__name__}: {str(exc).strip()[:200]}). This node was partitioned from the "
+                    "job, which went on without it or ended; exiting so that its agent can rejoin")
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop and join the thread and drop the store client; the next collective starts afresh.

@@ -10,6 +10,7 @@ step before the fault minus the step resumed from).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,11 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudist.testing.cluster import Cluster
+from npudist.testing.cluster_monitor import Monitor
 
-FAULTS = ("kill_node", "partition", "stop_rank", "slow_link")
+FAULTS = ("kill_node", "partition", "stop_rank", "slow_rank", "slow_link")
+SLOW_FACTOR = 1.3
+"""slow_rank: the last rank's steps take this many times as long from the fault on (train_ddp --slow-factor)."""
 _STEP = re.compile(r"^step=(\d+) .*\bworld=(\d+)")
 _RESUMED = re.compile(r"^resumed from step=(\d+)")
-_DETECT = re.compile(r"npudist hang:|never reached it|CollectiveHangError|ChildFailedError|Connection reset")
+_DETECT = re.compile(r"npudist hang:|never reached it|CollectiveHangError|ChildFailedError|Connection reset|"
+                     r"straggler diagnosis:|^straggler: rank \d+ works")
+_STRAGGLER = re.compile(r"^straggler: rank (\d+) works .*; cause: (\w+)")
 
 
 @dataclass
@@ -37,6 +43,11 @@ class Trial:
     recover_s: float | None = None
     steps_lost: int | None = None
     world_after: int | None = None
+    layout: str = ""
+    named_right: str | bool | None = None
+    """right (the faulted node or rank, nothing else), also names others, or wrong."""
+    alerts: list = field(default_factory=list)
+    """npudist.testing.cluster_monitor.Fired: each alert first seen firing after the fault."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -61,48 +72,80 @@ class _Log:
         return max((int(m[1]) for _, ln in self.lines if (m := _STEP.match(ln))), default=0)
 
 
-def _worker_pid(c: Cluster, node) -> int | None:
+def _worker_pid(c: Cluster, node, rank: int) -> int | None:
+    """The pid of the training worker of global ``rank`` on ``node`` (torchrun sets RANK in its environment)."""
     import psutil
 
     for pid in c.pids(node):
         try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
+            proc = psutil.Process(pid)
+            cmd, env = " ".join(proc.cmdline()), proc.environ()
         except psutil.Error:
             continue
-        if "train_ddp.py" in cmd and "npudist launch" not in cmd and " launch " not in cmd:
+        if "train_ddp.py" in cmd and " launch " not in cmd and env.get("RANK") == str(rank):
             return pid
     return None
 
 
 def _survivors_reports(run: Path, victim_ranks: range) -> list[Path]:
-    """Verdicts of the ranks outside the faulted node (a partitioned node writes its own to the shared dir)."""
-    return sorted(r for r in run.glob("hang-*.json") if r.stem not in {f"hang-rank{v}" for v in victim_ranks})
+    """Verdicts of the ranks outside the faulted node (a partitioned node writes its own to the shared dir):
+    each rank's report (hang-rankN.json, what its CollectiveHangError says), then rank 0's reader verdicts
+    (hang-attempt*.json), then straggler diagnoses."""
+    victims = {f"hang-rank{v}" for v in victim_ranks}
+    ranks = sorted(r for r in run.glob("hang-rank*.json") if r.stem not in victims)
+    return ranks + sorted(run.glob("hang-attempt*.json")) + sorted(run.glob("straggler-step*.json"))
+
+
+def _blamed(report: Path) -> tuple[list[int], str]:
+    """The ranks a verdict names, and the straggler cause when it is a straggler diagnosis."""
+    doc = json.loads(report.read_text())
+    if report.name.startswith("straggler"):
+        return [doc["straggler_rank"]], f", cause {doc.get('cause')}"
+    if report.name.startswith("hang-attempt"):  # rank 0's verdict: the culprits, not the live ranks held back
+        return list(doc.get("culprits") or doc.get("not_reached") or []), ""
+    return list(doc.get("not_reached") or []), ""
 
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
-              observe_s: float = 120.0, env: dict[str, str] | None = None, keep: str | None = None) -> Trial:
-    """Start the job, apply ``fault`` to the last node after ``warm_steps`` steps, watch node 0 for ``observe_s``."""
+              observe_s: float = 120.0, env: dict[str, str] | None = None, keep: str | None = None,
+              prometheus: bool = True, subnet: str = "10.213.0") -> Trial:
+    """Start the job, apply ``fault`` to the last node (its last rank for stop_rank/slow_rank) after
+    ``warm_steps`` steps, watch node 0 for ``observe_s``; with ``prometheus`` a real Prometheus scrapes every
+    node (npudist.testing.cluster_monitor) and the whole window is watched for alerts, else the trial ends at
+    the first step after the restart."""
     if fault not in FAULTS:
         raise ValueError(f"fault {fault!r}: choose one of {', '.join(FAULTS)}")
     run = Path(keep or tempfile.mkdtemp(prefix="npudist-mttr-"))
     env = dict(os.environ if env is None else env)
-    trial = Trial(fault)
-    with Cluster(nodes) as c:
+    trial = Trial(fault, layout=f"{nodes}x{nproc}")
+    last = nodes * nproc - 1
+    # 48 sequences divide over every world an elastic 4-node job can shrink to (4, 3, 2, 1 ranks).
+    job = [script, "--global-batch-size", "48", "--steps", "100000", "--log-every", "1", "--run-dir", str(run),
+           "--checkpoint-every", "5",
+           "--sync-checkpoints", "--exchange-every", "5", "--straggler-diagnosis", "3"]
+    if fault == "slow_rank":
+        job += ["--slow-rank", str(last), "--slow-factor", str(SLOW_FACTOR), "--slow-from", str(warm_steps + 1)]
+    with contextlib.ExitStack() as stack:
+        c = stack.enter_context(Cluster(nodes, subnet=subnet))
+        mon = stack.enter_context(Monitor(c, run)) if prometheus else None
         victim = c.nodes[-1]
         logs = [_Log(run / f"{n.hostname}.log") for n in c.nodes]
         for n in c.nodes:
-            c.launch(n, [script, "--steps", "100000", "--log-every", "1", "--no-telemetry", "--run-dir", str(run),
-                         "--checkpoint-every", "5", "--sync-checkpoints"], nproc=nproc, elastic=True, env=env,
+            c.launch(n, job if mon else [*job, "--no-telemetry"], nproc=nproc, elastic=True,
+                     env=mon.env(n, env) if mon else env, launch_args=mon.launch_args(n) if mon else (),
                      log=run / f"{n.hostname}.log")
-        deadline = time.monotonic() + 240
-        while logs[0].last_step() < warm_steps:
+        deadline = time.monotonic() + 300
+        # Warm: the steps ran and, when watched, Prometheus scrapes every node's exporter and every rank.
+        while logs[0].last_step() < warm_steps or (mon and sum(mon.up().values()) < nodes * (nproc + 1)):
             if time.monotonic() > deadline:
-                trial.notes.append("never reached the warm-up steps")
+                trial.notes.append(f"never reached the warm-up steps; logs in {run}")
                 return trial
             time.sleep(0.2)
             logs[0].poll()
         before = logs[0].last_step()
         victim_ranks = range(victim.index * nproc, (victim.index + 1) * nproc)
+        if mon:
+            mon.mark()
         start = time.monotonic()
         if fault == "kill_node":
             c.kill_node(victim)
@@ -110,35 +153,50 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
             c.partition(victim)
         elif fault == "slow_link":
             c.slow(victim, "1mbit")
-        else:
-            pid = _worker_pid(c, victim)
+        elif fault == "stop_rank":
+            pid = _worker_pid(c, victim, last)
             if pid is None:
                 trial.notes.append("no worker found to stop")
                 return trial
             os.kill(pid, signal.SIGSTOP)
         mark = len(logs[0].lines)
         while time.monotonic() - start < observe_s:
-            time.sleep(0.2)
+            time.sleep(0.5)
             logs[0].poll()
+            if mon:
+                mon.poll()
             new = logs[0].lines[mark:]
             if trial.detect_s is None:
                 hit = next((t for t, ln in new if _DETECT.search(ln)), None)
                 if hit is not None or _survivors_reports(run, victim_ranks):
                     trial.detect_s = round((hit or time.monotonic()) - start, 1)
             resumed = [(t, int(m[1])) for t, ln in new if (m := _RESUMED.match(ln))]
-            if resumed:
+            if resumed and trial.recover_s is None:
                 after = [(t, int(m[2])) for t, ln in new if t >= resumed[-1][0] and (m := _STEP.match(ln))]
                 if after:
                     trial.recover_s = round(after[0][0] - start, 1)
-                    trial.steps_lost = before - resumed[-1][1]
+                    reached = max((int(m[1]) for t, ln in logs[0].lines if t < resumed[-1][0]
+                                   and (m := _STEP.match(ln))), default=before)
+                    trial.steps_lost = reached - resumed[-1][1]
                     trial.world_after = after[0][1]
                     trial.action = (f"torchrun restarted the workers; resumed from step {resumed[-1][1]} at "
                                     f"world {after[0][1]}")
-                    break
+                    if not mon:
+                        break
         reports = _survivors_reports(run, victim_ranks)
-        if reports:
-            verdict = json.loads(reports[0].read_text())
-            trial.named = c.describe(verdict.get("culprits") or verdict.get("not_reached") or [], nproc)
+        flagged = [m for _, ln in logs[0].lines[mark:] if (m := _STRAGGLER.match(ln))]
+        if reports or flagged:
+            # The job's own first word on it: a verdict file, else the straggler line rank 0 logs.
+            ranks, cause = _blamed(reports[0]) if reports else ([int(flagged[0][1])], f", cause {flagged[0][2]}")
+            trial.named = c.describe(ranks, nproc) + cause
+            culprit = set(victim_ranks if fault in ("kill_node", "partition", "slow_link") else [last])
+            trial.named_right = "right" if set(ranks) == culprit else "also names others" \
+                if culprit <= set(ranks) else "wrong"
+            reader = [_blamed(r)[0] for r in reports if r.name.startswith("hang-attempt")]
+            if reader and sorted(reader[0]) != sorted(ranks):
+                trial.notes.append(f"rank 0's reader verdict named {c.describe(reader[0], nproc)}")
+        if mon:
+            trial.alerts = sorted(mon.fired.values(), key=lambda f: f.after_s)
         if not trial.action:
             rate = [ln for _, ln in logs[0].lines[mark:] if _STEP.match(ln)]
             trial.action = f"no restart in {observe_s:.0f} s ({len(rate)} steps ran after the fault)"
@@ -146,12 +204,45 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
     return trial
 
 
+def _right(ok: str | bool | None) -> str:
+    return "" if ok is None else f" ({ {True: 'right', False: 'wrong'}.get(ok, ok) })"
+
+
+def _alert(a: object) -> str:
+    if isinstance(a, dict):  # a trial read back from JSON
+        return f"{a['name']} ({a['severity']}, {a['after_s']:.0f} s{', ' + a['where'] if a['where'] else ''})"
+    return str(a)
+
+
+def summary(trials: list[Trial]) -> str:
+    """One row per (layout, fault): every trial's value, in trial order, separated by " / "."""
+    rows = {}
+    for t in trials:
+        rows.setdefault((t.layout, t.fault), []).append(t)
+    fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+    out = ["| layout | fault | trials | detect (s) | named | training again after (s) | world after | steps lost | "
+           "alerts fired (s after the fault) |", "|---|---|---|---|---|---|---|---|---|"]
+    for (layout, fault), ts in rows.items():
+        named = sorted({t.named for t in ts if t.named})
+        checks = [{True: "right", False: "wrong"}.get(t.named_right, t.named_right) or "nothing" for t in ts]
+        alerts: dict[str, list[str]] = {}
+        for i, t in enumerate(ts):
+            for a in t.alerts:
+                name, after = (a["name"], a["after_s"]) if isinstance(a, dict) else (a.name, a.after_s)
+                alerts.setdefault(name, ["-"] * len(ts))[i] = f"{after:.0f}"
+        out.append(f"| {layout} | {fault} | {len(ts)} | {' / '.join(fmt(t.detect_s) for t in ts)} | "
+                   f"{'; '.join(named) or '-'} ({', '.join(checks)}) | {' / '.join(fmt(t.recover_s) for t in ts)} | "
+                   f"{' / '.join(fmt(t.world_after) for t in ts)} | {' / '.join(fmt(t.steps_lost) for t in ts)} | "
+                   f"{'; '.join(f'{n} {chr(47).join(v)}' for n, v in alerts.items()) or '-'} |")
+    return "\n".join(out)
+
+
 def table(trials: list[Trial]) -> str:
-    head = ("| fault | detect (s) | named | action | training again after (s) | steps lost |\n"
-            "|---|---|---|---|---|---|")
+    head = ("| layout | fault | detect (s) | named | action | training again after (s) | steps lost | alerts fired "
+            "(severity, s after the fault) |\n|---|---|---|---|---|---|---|---|")
     fmt = lambda v: "-" if v is None else str(v)  # noqa: E731
-    rows = [f"| {t.fault} | {fmt(t.detect_s)} | {t.named or '-'} | {t.action} | {fmt(t.recover_s)} | "
-            f"{fmt(t.steps_lost)} |" for t in trials]
+    rows = [f"| {t.layout} | {t.fault} | {fmt(t.detect_s)} | {t.named or '-'}{_right(t.named_right)} | {t.action} | "
+            f"{fmt(t.recover_s)} | {fmt(t.steps_lost)} | {'; '.join(map(_alert, t.alerts)) or '-'} |" for t in trials]
     return "\n".join([head, *rows])
 
 
