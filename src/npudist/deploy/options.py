@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from npudist._version import __version__
 from npudist.deploy.placement import NOT_YET, PLACEMENTS, Placement
-from npudist.telemetry.exposition.node_exporter import ExporterError, parse_interval
 
 SCHEDULERS = ("kubeflow", "volcano")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -90,6 +89,8 @@ class JobOptions:
                            ("--rdzv-port", self.rdzv_port)):
             if not 1 <= port <= 65535:
                 out.append(f"{flag} {port}: ports are 1-65535")
+        from npudist.telemetry.exposition.node_exporter import ExporterError, parse_interval  # not for --help
+
         try:
             parse_interval(self.interval)
         except ExporterError as exc:

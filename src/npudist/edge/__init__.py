@@ -1,9 +1,30 @@
 """Edge models for Rockchip NPUs: convert a torch module or ONNX file to ``.rknn`` with rknn-toolkit2 and
-check what accuracy it keeps. Runs inside the toolkit's own environment (``make rknn-env``)."""
+check what accuracy it keeps. Runs inside the toolkit's own environment (``make rknn-env``).
 
-from npudist.edge.convert import ConversionError, ConvertResult, convert
-from npudist.edge.recipe import DTYPES, TARGETS, Recipe
-from npudist.edge.toolkit import ToolkitMissing, require_toolkit
+Names load on first use, so `npudist edge --help` does not import numpy.
+"""
 
-__all__ = ["DTYPES", "TARGETS", "ConversionError", "ConvertResult", "Recipe", "ToolkitMissing", "convert",
-           "require_toolkit"]
+from importlib import import_module
+from types import MappingProxyType
+from typing import Any
+
+_WHERE = MappingProxyType({
+    "ConversionError": "npudist.edge.convert",
+    "ConvertResult": "npudist.edge.convert",
+    "convert": "npudist.edge.convert",
+    "DTYPES": "npudist.edge.recipe",
+    "TARGETS": "npudist.edge.recipe",
+    "Recipe": "npudist.edge.recipe",
+    "ToolkitMissing": "npudist.edge.toolkit",
+    "require_toolkit": "npudist.edge.toolkit",
+})
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'npudist.edge' has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value

@@ -1,20 +1,33 @@
-"""Telemetry: device sources, training-loop metrics and one Prometheus exporter."""
+"""Telemetry: device sources, training-loop metrics and one Prometheus exporter.
 
-from npudist.telemetry.exposition.rank_exporter import RankTelemetry, serve_rank_metrics
-from npudist.telemetry.job.detector import StragglerDetector
-from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics, watch_ddp
-from npudist.telemetry.sources.readings import DeviceReading, ParseError, ProcessReading, Source, SourceError
+Names load on first use, so a command that only needs the metric catalogue (help, dashboards) does not pay
+for numpy and the rank exporter.
+"""
 
-__all__ = [
-    "DeviceReading",
-    "ParseError",
-    "ProcessReading",
-    "RankTelemetry",
-    "Source",
-    "SourceError",
-    "StepTimer",
-    "StragglerDetector",
-    "TrainingMetrics",
-    "serve_rank_metrics",
-    "watch_ddp",
-]
+from importlib import import_module
+from types import MappingProxyType
+from typing import Any
+
+_WHERE = MappingProxyType({
+    "RankTelemetry": "npudist.telemetry.exposition.rank_exporter",
+    "serve_rank_metrics": "npudist.telemetry.exposition.rank_exporter",
+    "StragglerDetector": "npudist.telemetry.job.detector",
+    "StepTimer": "npudist.telemetry.job.step_timer",
+    "TrainingMetrics": "npudist.telemetry.job.step_timer",
+    "watch_ddp": "npudist.telemetry.job.step_timer",
+    "DeviceReading": "npudist.telemetry.sources.readings",
+    "ParseError": "npudist.telemetry.sources.readings",
+    "ProcessReading": "npudist.telemetry.sources.readings",
+    "Source": "npudist.telemetry.sources.readings",
+    "SourceError": "npudist.telemetry.sources.readings",
+})
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'npudist.telemetry' has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value

@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 BASE_UNITS = ("seconds", "bytes", "watts", "celsius", "ratio", "hertz", "volts", "amperes", "bytes_per_second",
               "decibels")
@@ -442,6 +439,9 @@ def validate(rows: Iterable[MetricDef] = CATALOGUE) -> None:
 
 def family(name: str, extra_labels: Sequence[str] = ()) -> Metric:
     """A fresh, empty family for catalogue row ``name``; collectors add samples in the row's label order."""
+    # Imported here: the catalogue alone (help, dashboards, docs) does not need the client.
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
     m = BY_NAME[name]
     labels = [*m.labels, *extra_labels]
     if m.type == "counter":
