@@ -4,9 +4,9 @@ check what accuracy it keeps. Runs inside the toolkit's own environment (``make 
 Names load on first use, so `npudist edge --help` does not import numpy.
 """
 
-from importlib import import_module
 from types import MappingProxyType
-from typing import Any
+
+from npudist._lazy import exports
 
 _WHERE = MappingProxyType({
     "ConversionError": "npudist.edge.convert",
@@ -21,10 +21,4 @@ _WHERE = MappingProxyType({
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'npudist.edge' has no attribute {name!r}")
-    value = getattr(import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _WHERE)

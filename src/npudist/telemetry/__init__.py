@@ -4,9 +4,9 @@ Names load on first use, so a command that only needs the metric catalogue (help
 for numpy and the rank exporter.
 """
 
-from importlib import import_module
 from types import MappingProxyType
-from typing import Any
+
+from npudist._lazy import exports
 
 _WHERE = MappingProxyType({
     "RankTelemetry": "npudist.telemetry.exposition.rank_exporter",
@@ -24,10 +24,4 @@ _WHERE = MappingProxyType({
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'npudist.telemetry' has no attribute {name!r}")
-    value = getattr(import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _WHERE)
