@@ -278,26 +278,7 @@ def test_the_dead_are_named_and_the_live_ranks_behind_with_them_are_held_back():
 def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(store, monkeypatch, tmp_path):
     """A node lost just after its ranks' records moved past the call the live node still waits in (a 2 + 2
     split, so the live ranks look like the odd ones below): the silent ranks ahead are named, not the live."""
-    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
-    client = CountingStore(store.clone())
-    ranks = []
-    for r in range(4):
-        wd = Watchdog(hang_action="abort", run_dir=str(tmp_path))
-        wd.record = Record(rank=r)
-        wd._store = client
-        wd._abort = lambda message, verdict=None: None
-        ranks.append(wd)
-    monkeypatch.setattr(watchdog, "look_at_main", lambda busy, wait: ASLEEP)
-    monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: ASLEEP)
-    clock = [time.time()]
-    reader = HangReader(ranks[0], 4, clock=lambda: clock[0], sleep=lambda s: ranks[1]._poll())  # 2, 3 are dead
-    for _ in range(3):
-        for wd in ranks:
-            wd.done(wd.enter("all_reduce", 8))
-            wd.step_started()
-            wd._publish()
-        clock[0] += 1.0
-        assert reader.tick() is None
+    ranks, reader, clock = _two_nodes_then_node1_dies(store, monkeypatch, tmp_path)
     for wd in ranks:
         seq = wd.enter("all_reduce", 8)
         if wd.record.rank >= 2:  # finished it and entered the next one, then the node died
@@ -358,8 +339,19 @@ def _spin() -> None:
 def test_a_node_lost_with_one_rank_inside_the_call_and_one_behind_it_is_blamed_whole(store, monkeypatch, tmp_path):
     """2 nodes x 2 ranks (LOCAL_WORLD_SIZE 2): node1's rank 2 had entered the call the others wait in, rank 3
     not yet, when the node died. Rank 3 alone is behind; rank 2, on its host and silent too, is named with it."""
-    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ranks, reader, clock = _two_nodes_then_node1_dies(store, monkeypatch, tmp_path)
+    for wd in ranks[:3]:  # rank 3 died before it entered the control call
+        wd.enter("control all_reduce", 0)
+        wd._publish()
+    v = next(v for v in _run(reader, clock, 30) if v is not None)
+    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"stopped"}, v["line"]
+    assert v["waiting"] == [0, 1] and "rank(s) 2, 3 never reached it" in v["line"]
+
+
+def _two_nodes_then_node1_dies(store, monkeypatch, tmp_path):
+    """4 ranks (2 nodes x 2) step together 3 times; from then on only ranks 0 and 1 answer a probe."""
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     client = CountingStore(store.clone())
     ranks = []
     for r in range(4):
@@ -371,16 +363,12 @@ def test_a_node_lost_with_one_rank_inside_the_call_and_one_behind_it_is_blamed_w
     monkeypatch.setattr(watchdog, "look_at_main", lambda busy, wait: ASLEEP)
     monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: ASLEEP)
     clock = [time.time()]
-    reader = HangReader(ranks[0], 4, clock=lambda: clock[0], sleep=lambda s: ranks[1]._poll())  # 2, 3 are dead
+    reader = HangReader(ranks[0], 4, clock=lambda: clock[0], sleep=lambda s: ranks[1]._poll())
     for _ in range(3):
         for wd in ranks:
             wd.done(wd.enter("all_reduce", 8))
+            wd.step_started()
             wd._publish()
         clock[0] += 1.0
         assert reader.tick() is None
-    for wd in ranks[:3]:  # rank 3 died before it entered the control call
-        wd.enter("control all_reduce", 0)
-        wd._publish()
-    v = next(v for v in _run(reader, clock, 30) if v is not None)
-    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"stopped"}, v["line"]
-    assert v["waiting"] == [0, 1] and "rank(s) 2, 3 never reached it" in v["line"]
+    return ranks, reader, clock
