@@ -59,6 +59,8 @@ def test_report_data_from_a_resumed_two_rank_run(tmp_path):
     assert "temperature_celsius" not in data.device
     summary = dict(data.summary)
     assert summary["last logged step"] == "20" and summary["run segments (starts incl. resumes)"] == "2"
+    # rank 0 ran 1000-1012 and 2000-2003: 15 s, not the 1003 s from its first record to its last
+    assert dict(data.card)["duration"] == "0m 15s"
     assert summary["world size"] == "2" and summary["accelerator"] == "cpu"
 
 

@@ -237,6 +237,21 @@ def _span(seconds: float) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m {s % 60:02d}s" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
+def _running_seconds(records: list[dict[str, Any]]) -> float:
+    """The time the job ran: the sum of its segments (a start record to that rank's last record before the
+    next start) on the lowest rank that logged one, so the hours between a crash and its resume don't count."""
+    starts = [r["rank"] for r in records if r["kind"] == "start"]
+    rank = min(starts) if starts else min(r["rank"] for r in records)
+    total, first, last = 0.0, None, None
+    for r in sorted((r for r in records if r["rank"] == rank), key=lambda r: r["time"]):
+        if r["kind"] == "start" and first is not None:
+            total += last - first
+            first = None
+        first = r["time"] if first is None else first
+        last = r["time"]
+    return total + (last - first if first is not None else 0.0)
+
+
 def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
     """The first screen: when, how long, how far, how well, how fast, and what was run where."""
     if not run.records:
@@ -258,7 +273,7 @@ def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
     return (
         ("started", utc_time(min(times))),
         ("ended", utc_time(max(times))),
-        ("duration", _span(max(times) - min(times))),
+        ("duration", _span(_running_seconds(run.records))),
         ("steps", "not recorded" if last_step is None else str(last_step)),
         ("final loss", f"{losses[-1]:.4f}" if losses else "not recorded"),
         ("best loss", f"{min(losses):.4f}" if losses else "not recorded"),
