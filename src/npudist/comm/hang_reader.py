@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from npudist.comm import hang, main_thread, rank_states, watchdog
 from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import Records, parse_record
+from npudist.runtime import compat
 from npudist.runtime.report_file import write_report
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class HangReader:
         beat = _heartbeat(store)
         if beat is not None and now - beat[0] < HEARTBEAT_STALE_S:
             return None  # rank 0's reader is alive: the verdict is its to give
-        if store.check([watchdog.verdict_key()]):
+        if compat.store_has(store, watchdog.verdict_key()):
             return None
         with self._lock:
             if self.verdict is not None:
@@ -330,7 +331,7 @@ def heartbeat_key() -> str:
 
 def _heartbeat(store: Any) -> tuple[float, float] | None:
     """(wall time, bound in seconds) of rank 0's reader's last heartbeat; None if none or unreadable."""
-    if not store.check([heartbeat_key()]):
+    if not compat.store_has(store, heartbeat_key()):
         return None
     try:
         doc = json.loads(store.get(heartbeat_key()))

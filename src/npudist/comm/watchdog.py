@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from npudist.comm.abort_note import restart_note, write_error_file
 from npudist.comm.main_thread import look_at_main
+from npudist.runtime import compat
 from npudist.runtime.report_file import write_report
 
 log = logging.getLogger("npudist.comm")
@@ -433,14 +434,14 @@ class Watchdog:
         if store is None:
             return dict.fromkeys(range(world))
         try:
-            if store.check(keys):
+            if compat.store_has_all(store, keys):
                 return {r: parse_record(raw, r) if raw else None for r, raw in enumerate(store.multi_get(keys))}
         except Exception as exc:
             log.debug("watchdog multi_get failed: %s", exc)
         out: Records = {}
         for r, key in enumerate(keys):
             try:
-                raw = store.get(key) if store.check([key]) else None
+                raw = store.get(key) if compat.store_has(store, key) else None
                 out[r] = parse_record(raw, r) if raw else None
             except Exception:
                 out[r] = None
@@ -450,7 +451,7 @@ class Watchdog:
         store = self._connect()
         deadline = time.monotonic() + VERDICT_WAIT_S
         while store is not None and time.monotonic() < deadline:
-            if store.check([verdict_key()]):
+            if compat.store_has(store, verdict_key()):
                 doc = json.loads(store.get(verdict_key()))
                 return doc if isinstance(doc, dict) else None
             time.sleep(PUBLISH_INTERVAL_S / 2)
@@ -523,7 +524,7 @@ def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
     ranks = ranks[:WHO_AT_MOST]
     keys = [who_key(r) for r in ranks]
     try:
-        if store is None or not keys or not store.check(keys):
+        if store is None or not keys or not compat.store_has_all(store, keys):
             return out
         for r, raw in zip(ranks, store.multi_get(keys), strict=True):
             doc = json.loads(raw)
@@ -536,7 +537,7 @@ def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
 
 def _published_verdict(store: Any) -> dict[str, Any] | None:
     try:
-        if store.check([verdict_key()]):
+        if compat.store_has(store, verdict_key()):
             doc = json.loads(store.get(verdict_key()))
             return doc if isinstance(doc, dict) else None
     except Exception as exc:  # the abort goes on without the culprit's name

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -103,3 +104,23 @@ def is_dist_error(exc: BaseException) -> bool:
 def simulation_available() -> bool:
     """Whether this torch can run the simulated NPU (it registers its device from Python: torch >= 2.10)."""
     return has("python_privateuse1")
+
+
+_ABSENT = "\x00npudist: no such key\x00"
+
+
+def store_has_all(store: Any, keys: list[str]) -> bool:
+    """Whether every one of ``keys`` is set (one request where torch has Store.check)."""
+    check = getattr(store, "check", None)
+    return bool(check(keys)) if check is not None else all(store_has(store, k) for k in keys)
+
+
+def store_has(store: Any, key: str) -> bool:
+    """Whether ``key`` is set in a c10d store, without waiting for it: Store.check where torch has it (torch
+    2.1.2's TCPStore and PrefixStore have none, measured), else compare_set with a value nobody writes (it
+    sets nothing and answers that value when the key is absent)."""
+    check = getattr(store, "check", None)
+    if check is not None:
+        return bool(check([key]))
+    got = store.compare_set(key, _ABSENT, _ABSENT)
+    return (got.decode(errors="replace") if isinstance(got, bytes) else str(got)) != _ABSENT
