@@ -131,3 +131,18 @@ def test_a_benchmark_reading_is_dated_by_its_file(tmp_path):
     os.utime(root / "bench" / "all_reduce.json", (1_700_000_000, 1_700_000_000))
     (series,) = build(load_run(root)).bench
     assert series.name.endswith("(bench/all_reduce.json, 2023-11-14 22:13:20 UTC)")
+
+
+def test_a_line_is_not_drawn_across_the_pause_before_a_resumed_segment():
+    from npudist.report.model import device_series
+
+    records = [{"rank": 0, "time": t, "kind": k, **({"utilization_ratio": u} if k == "device" else {})}
+               for t, k, u in ((1000.0, "start", 0), (1001.0, "device", 0.5), (1002.0, "device", 0.6),
+                               (5000.0, "start", 0), (5001.0, "device", 0.7), (5002.0, "device", 0.8))]
+    (series,) = device_series(records, 1000.0)["utilization_ratio"]
+    assert series.breaks == (0.0, 4000.0)
+    svg = line_chart([series], title="t", x_label="s", y_label="r")
+    lines = re.findall(r'<polyline[^>]*points="([^"]+)"', svg)
+    assert [len(p.split()) for p in lines] == [2, 2]  # two segments, no line over the 4000 s pause
+    joined = line_chart([Series("r", series.points)], title="t", x_label="s", y_label="r")
+    assert len(re.findall("<polyline", joined)) == 1

@@ -28,6 +28,8 @@ class Series:
     name: str
     points: tuple[tuple[float, float], ...]
     """(x, y), sorted by x, finite values only."""
+    breaks: tuple[float, ...] = ()
+    """x values where a run segment (a resume) begins: the line is not drawn across the pause before them."""
 
 
 @dataclass(frozen=True)
@@ -185,13 +187,15 @@ def bench_series(run: RunRecords) -> tuple[Series, ...]:
 def device_series(records: list[dict[str, Any]], t0: float) -> dict[str, tuple[Series, ...]]:
     out: dict[str, tuple[Series, ...]] = {}
     by_rank = _by_rank(records, "device")
+    starts = {rank: tuple(sorted(r["time"] - t0 for r in rows if _finite(r["time"] - t0)))
+              for rank, rows in _by_rank(records, "start").items()}
     for field_name, _, _, scale in DEVICE_PLOTS:
         series = []
         for rank, rows in by_rank.items():
             points = tuple(sorted(p for r in rows if _finite(r.get(field_name))
                                   and _finite((p := (r["time"] - t0, r[field_name] * scale))[0])))
             if points:
-                series.append(Series(f"rank {rank}", points))
+                series.append(Series(f"rank {rank}", points, starts.get(rank, ())))
         if series:
             out[field_name] = tuple(series)
     return out

@@ -168,10 +168,12 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
                f'transform="rotate(-90 14 {_MARGIN_T + ph / 2:.1f})">{escape(y_label)}</text>')
     for i, s in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
-        pts = [(px(x), py(y)) for x, y in s.points if not log2_x or x > 0]
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-        out.append(f'<g class="series" data-name="{escape(s.name)}"><title>{escape(s.name)}</title>'
-                   f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
+        shown = [(x, y) for x, y in s.points if not log2_x or x > 0]
+        pts = [(px(x), py(y)) for x, y in shown]
+        out.append(f'<g class="series" data-name="{escape(s.name)}"><title>{escape(s.name)}</title>')
+        for run in _runs(shown, s.breaks):
+            coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in run)
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
         if len(pts) <= 60:
             out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>' for x, y in pts]
         out.append("</g>")
@@ -181,3 +183,13 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
                    f'<text x="{lx + 18:.1f}" y="{ly + 10}" font-size="12">{escape(s.name)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _runs(points: Sequence[tuple[float, float]], breaks: Sequence[float]) -> list[list[tuple[float, float]]]:
+    """The points cut where a break (a resumed segment's start) lies between two of them."""
+    runs: list[list[tuple[float, float]]] = []
+    for p in points:
+        if not runs or any(runs[-1][-1][0] < b <= p[0] for b in breaks):
+            runs.append([])
+        runs[-1].append(p)
+    return runs
