@@ -58,13 +58,13 @@ ABORT_STEP = 1_000_000
 STANDBY_RANK = 1
 """Rank 1's watchdog stands in for rank 0's hang reader when rank 0 goes silent (hang_reader.py)."""
 VERDICT_WAIT_S = 6.0
+"""How long a failing rank other than 0 waits for rank 0's verdict before judging from the records."""
 CUT_OFF_S = 10.0
 """A rank inside a collective whose every store call has failed for this long (or the hang bound, when set)
 is cut off from its job: its node was partitioned and the job went on without it (elastic), or the job is
 gone. It exits, so that torchrun's agent on its node rejoins the job (a new rendezvous round) instead of
 leaving it blocked until the collective timeout. Store calls may block while a cable is out; they fail
 once the route is back and the store they knew is found gone, so at the latest this fires then."""
-"""How long a failing rank other than 0 waits for rank 0's verdict before judging from the records."""
 
 
 class CollectiveHangError(RuntimeError):
