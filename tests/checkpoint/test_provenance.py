@@ -11,6 +11,19 @@ from npudist.checkpoint.layout import step_dir_name
 SIM = "NPUDIST_SIMULATE"
 
 
+@pytest.fixture(autouse=True)
+def _no_simulating_runtime_left():
+    """A save starts this process's Runtime with the settings of the moment; one started under
+    NPUDIST_SIMULATE would make a later test's accelerator the simulated NPU (installed in-process)."""
+    from npudist.runtime import state
+
+    before = state.peek()
+    yield
+    rt = state.peek()
+    if rt is not None and rt is not before:
+        rt.close()
+
+
 def _save(root, step, monkeypatch, mode):
     if mode:
         monkeypatch.setenv(SIM, mode)
