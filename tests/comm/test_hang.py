@@ -346,3 +346,23 @@ def test_rank_0_stopped_is_named_by_the_standby_once_its_heartbeat_is_stale(stor
     assert verdict["culprit_ranks"]["0"]["alive"] is False
     assert hang_reader.HEARTBEAT_STALE_S <= took <= hang_reader.HEARTBEAT_STALE_S + 2, took
     assert json.loads(store.get(watchdog.verdict_key()))["culprits"] == [0]  # for the other ranks
+
+
+def test_a_live_rank_left_inside_a_passed_call_looks_at_a_bounded_number_of_ranks_ahead(store, monkeypatch):
+    """128 ranks moved on (alive) while rank 0 waits inside call 1: the probe of the ranks ahead lists at
+    most AHEAD_LOOKED_AT of them, since every rank reads that list."""
+    from npudist.comm import hang_reader
+
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    asleep = Look(stack='  File "train.py", line 3, in step\n', cpu_s=0.0, span_s=0.5)
+    monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: asleep)
+    client = CountingStore(store.clone())
+    ranks = [_watchdog(r, client) for r in range(129)]
+    probed: list[list[int]] = []
+    reader = HangReader(ranks[0], 129, sleep=lambda s: [wd._poll() for wd in ranks[1:]])
+    real_probe = reader._probe
+    reader._probe = lambda rs: probed.append(list(rs)) or real_probe(rs)
+    _one_behind(ranks, 0, "broadcast")
+    reader._judge(reader.read(), 12.0, "")
+    assert reader.verdict["culprits"] == [0] and reader.verdict["states"] == {"0": "out_of_order"}
+    assert max(len(p) for p in probed) == hang_reader.AHEAD_LOOKED_AT

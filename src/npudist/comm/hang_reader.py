@@ -62,6 +62,9 @@ HEARTBEAT_STALE_S = 3 * HEARTBEAT_EVERY_S
 REPROBE_S = 10.0
 """While a stall lasts without an abort, the suspects are looked at again this often (a busy rank may
 stop, a stuck one may die)."""
+AHEAD_LOOKED_AT = 16
+"""At most this many of the ranks ahead are looked at before live ranks inside a passed call are blamed:
+every rank reads the probe's list, so a probe of K ranks costs the job N x K bytes (O(1) per rank here)."""
 
 
 class HangReader:
@@ -207,11 +210,12 @@ class HangReader:
                   and records[r].state == "entered" and records[r].seq < found.top]
         if found.kind != "behind" or not inside or set(found.ranks) - answered or not found.waiting:
             return found, answered, looks
-        more, more_looks = self._probe(found.waiting)
-        if not set(found.waiting) - more:
+        ahead = found.waiting[:AHEAD_LOOKED_AT]
+        more, more_looks = self._probe(ahead)
+        if not set(ahead) - more:
             return found, answered, looks
         top = max(records[r].seq for r in inside)
-        return (hang.Suspects("all_reached", sorted({*found.ranks, *found.waiting}), top, sorted(inside)),
+        return (hang.Suspects("all_reached", sorted({*found.ranks, *ahead}), top, sorted(inside)),
                 answered | more, {**looks, **more_looks})
 
     def _node_mates(self, records: Records, found: hang.Suspects, answered: set[int],
