@@ -372,3 +372,21 @@ def _two_nodes_then_node1_dies(store, monkeypatch, tmp_path):
         clock[0] += 1.0
         assert reader.tick() is None
     return ranks, reader, clock
+
+
+def test_a_rank_cut_off_from_the_store_exits_only_when_its_collectives_stopped_too():
+    wd = Watchdog(hang_action="abort")
+    wd.record = Record(rank=2)
+    aborted: list[str] = []
+    wd._abort = lambda message, verdict=None: aborted.append(message)
+    err = ConnectionError("store unreachable")
+    wd.enter("all_reduce", 8)
+    for t in (0.0, 5.0):
+        wd._cut_off(t, err)
+    wd.done(wd.record.seq)
+    wd.enter("all_reduce", 8)  # a collective completed while the store was out of reach: not cut off
+    for t in (6.0, 11.0, 15.0):
+        wd._cut_off(t, err)
+    assert aborted == []
+    wd._cut_off(16.5, err)  # 10.5 s without the store and without a collective completing
+    assert len(aborted) == 1 and "cut off from the job for 10 s inside all_reduce #2" in aborted[0]

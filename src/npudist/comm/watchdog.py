@@ -222,6 +222,7 @@ class Watchdog:
         self._ctl_seen = 0
         self._failures = 0
         self._failing_since: float | None = None
+        self._failing_seq: int | None = None
         self.run_dir = run_dir
         """Where hang reports are written (None: nowhere)."""
 
@@ -386,9 +387,13 @@ class Watchdog:
 
     def _cut_off(self, now: float, exc: Exception) -> None:
         """Exit when this rank has been cut off from its job for CUT_OFF_S inside a collective."""
-        if self._failing_since is None:
-            self._failing_since = now
-        rec, lost_s = self.record, now - self._failing_since
+        rec = self.record
+        # Cut off means no store and no progress: a collective that completes while the store is out of
+        # reach (a store host rebooting, a blip on its network) restarts the count.
+        seq = rec.seq if rec is not None else None
+        if self._failing_since is None or seq != self._failing_seq:
+            self._failing_since, self._failing_seq = now, seq
+        lost_s = now - self._failing_since
         if rec is None or rec.state != "entered" or self.hang_action != "abort" \
                 or lost_s < (self.hang_timeout_s or CUT_OFF_S):
             return
