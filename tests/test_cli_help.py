@@ -86,3 +86,23 @@ def test_help_after_the_launched_script_belongs_to_the_script(argv, only):
     from npudist.__main__ import help_only
 
     assert help_only(argv) is only
+
+
+LAZY = """
+import importlib, json, pkgutil, sys, types
+pkg = importlib.import_module(sys.argv[1])
+for sub in pkgutil.iter_modules(pkg.__path__):
+    importlib.import_module(f"{pkg.__name__}.{sub.name}")  # the import system binds each submodule on pkg
+print(json.dumps({n: type(getattr(pkg, n)).__name__ for n in pkg.__all__
+                  if isinstance(getattr(pkg, n), types.ModuleType)}))
+"""
+
+
+@pytest.mark.parametrize("package", ["npudist.telemetry", "npudist.edge"])
+def test_a_lazily_exported_name_is_never_shadowed_by_a_submodule(package):
+    # A name loaded on first use must not share its name with a submodule: once anything imports that
+    # submodule, the package attribute is the module and `from pkg import name` returns it.
+    done = subprocess.run([sys.executable, "-c", LAZY, package], capture_output=True, text=True, timeout=120,
+                          env=child_env({}))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {}

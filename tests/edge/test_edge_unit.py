@@ -11,7 +11,7 @@ import pytest
 from npudist.edge import Recipe
 from npudist.edge.build import name_op, toolkit_message
 from npudist.edge.cli import SpecError, default_out, load_callable, parse_kwargs
-from npudist.edge.convert import accuracy, load_samples, write_dataset
+from npudist.edge.conversion import accuracy, load_samples, write_dataset
 from tests.conftest import REPO, child_env, run_npudist
 
 # The toolkit's own words for a Unique node (rknn-toolkit2 2.5.0, load_onnx then build on a 1x8 input).
@@ -88,11 +88,11 @@ def test_accuracy_row() -> None:
 def test_model_and_dataset_specs() -> None:
     factory = load_callable(f"{REPO / 'examples' / 'edge_ensemble.py'}:member_model")
     assert callable(factory)
-    assert load_callable("npudist.edge.convert:accuracy") is accuracy
+    assert load_callable("npudist.edge.conversion:accuracy") is accuracy
     with pytest.raises(SpecError, match=r"expected FILE\.py:FUNCTION"):
         load_callable("model.pt")
     with pytest.raises(SpecError, match="has no callable 'nope'"):
-        load_callable("npudist.edge.convert:nope")
+        load_callable("npudist.edge.conversion:nope")
     assert parse_kwargs(["rank=2", "name=a b"]) == {"rank": 2, "name": "a b"}
     with pytest.raises(SpecError, match="expected KEY=VALUE"):
         parse_kwargs(["rank"])

@@ -56,7 +56,7 @@ def test_member_converts_in_fp16_and_int8_and_keeps_its_accuracy(tmp_path: Path)
 def test_onnx_input_for_the_other_targets(tmp_path: Path) -> None:
     onnx_file = tmp_path / "mlp.onnx"
     export = subprocess.run(
-        [RKNN_PYTHON, "-c", "import sys, torch; from npudist.edge.convert import export_onnx; torch.manual_seed(0); "
+        [RKNN_PYTHON, "-c", "import sys, torch; from npudist.edge.conversion import export_onnx; torch.manual_seed(0); "
          "export_onnx(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)), "
          "(4, 8), __import__('pathlib').Path(sys.argv[1]))", str(onnx_file)],
         env=child_env(), text=True, capture_output=True, timeout=120, check=False)
@@ -89,7 +89,7 @@ def test_a_malformed_onnx_file_exits_2_naming_it(tmp_path: Path, content: bytes,
 def test_the_rknn_lands_beside_the_onnx_without_out(tmp_path: Path) -> None:
     onnx_file = tmp_path / "mlp.onnx"
     export = subprocess.run(
-        [RKNN_PYTHON, "-c", "import sys, torch; from npudist.edge.convert import export_onnx; "
+        [RKNN_PYTHON, "-c", "import sys, torch; from npudist.edge.conversion import export_onnx; "
          "export_onnx(torch.nn.Sequential(torch.nn.Linear(8, 3)), (2, 8), __import__('pathlib').Path(sys.argv[1]))",
          str(onnx_file)], env=child_env(), text=True, capture_output=True, timeout=120, check=False)
     assert export.returncode == 0, export.stderr[-2000:]

@@ -9,9 +9,9 @@ from types import MappingProxyType
 from npudist._lazy import exports
 
 _WHERE = MappingProxyType({
-    "ConversionError": "npudist.edge.convert",
-    "ConvertResult": "npudist.edge.convert",
-    "convert": "npudist.edge.convert",
+    "ConversionError": "npudist.edge.conversion",
+    "ConvertResult": "npudist.edge.conversion",
+    "convert": "npudist.edge.conversion",
     "DTYPES": "npudist.edge.recipe",
     "TARGETS": "npudist.edge.recipe",
     "Recipe": "npudist.edge.recipe",
