@@ -43,6 +43,48 @@ def test_log2_axis_puts_each_doubling_one_step_further():
     assert ">1K<" in svg and ">2K<" in svg and ">4K<" in svg
 
 
+def test_log_axis_puts_each_power_of_ten_one_step_further():
+    svg = line_chart([Series("loss", ((0.0, 1.0), (1.0, 10.0), (2.0, 100.0)))], title="t", x_label="x",
+                     y_label="y", log_y=True)
+    (points,) = re.findall(r'points="([^"]+)"', svg)
+    assert [p.split(",")[1] for p in points.split()] == ["270.0", "145.0", "20.0"]  # plot y runs 270 -> 20
+    labels = re.findall(r'text-anchor="end" font-size="11">([^<]+)</text>', svg)
+    assert labels[0] == "1" and labels[-1] == "100" and "10" in labels and "50" in labels
+    # a loss between 1.19 and 4.33 (the example's) gets the 1-2-5 ticks around it
+    svg = line_chart([Series("loss", ((0.0, 4.33), (1.0, 1.19)))], title="t", x_label="x", y_label="y", log_y=True)
+    assert re.findall(r'text-anchor="end" font-size="11">([^<]+)</text>', svg) == ["1", "2", "5"]
+
+
+@pytest.mark.parametrize("kw", [{}, {"y_from_zero": True}, {"y_max": 1.0}])
+def test_a_log_axis_is_refused_for_values_it_cannot_place(kw):
+    values = ((0.0, 0.5), (1.0, 0.0 if not kw else 0.2))
+    with pytest.raises(ValueError, match="log y axis"):
+        line_chart([Series("a", values)], title="t", x_label="x", y_label="y", log_y=True, **kw)
+
+
+def test_smoothing_is_tensorboards_debiased_moving_average_restarted_at_a_resume():
+    from npudist.report.model import smoothed
+
+    # by hand, weight 0.6: m1 = 0.4*1 = 0.4, debiased /0.4 = 1; m2 = 0.6*0.4 + 0.4*3 = 1.44, /0.64 = 2.25
+    got = smoothed(Series("r0", ((1.0, 1.0), (2.0, 3.0), (3.0, 5.0), (4.0, 7.0)), breaks=(3.0,)))
+    assert [round(y, 9) for _, y in got.points] == [1.0, 2.25, 5.0, 6.25] and got.breaks == (3.0,)
+    flat = smoothed(Series("r1", tuple((float(i), 2.5) for i in range(50))))
+    assert all(abs(y - 2.5) < 1e-12 for _, y in flat.points)
+    with pytest.raises(ValueError, match="weight"):
+        smoothed(flat, 1.0)
+
+
+def test_loss_toggles_offer_no_log_scale_for_a_loss_at_or_below_zero():
+    from npudist.report.model import ReportData
+    from npudist.report.render import _loss
+
+    fields = {f: () for f in ReportData.__dataclass_fields__}
+    data = ReportData(**{**fields, "loss": (Series("rank 0", ((1.0, 0.5), (2.0, -0.1))),)})
+    html = _loss(data)
+    assert re.findall(r'data-plot="([^"]+)"', html) == ["loss", "loss-smooth"]
+    assert 'id="loss-log" disabled' in html and "at or below zero" in html
+
+
 def test_chart_without_points_is_refused():
     with pytest.raises(ValueError, match="no points"):
         line_chart([Series("a", ())], title="empty", x_label="x", y_label="y")
@@ -51,7 +93,8 @@ def test_chart_without_points_is_refused():
 def test_page_has_every_plot_and_no_script(tmp_path):
     page, _ = report_html(write_run(tmp_path))
     plots = re.findall(r'data-plot="([^"]+)"', page)
-    assert plots == ["loss", "step-time", "work-time", "skew", "busbw", "utilization_ratio", "power_watts",
+    assert plots == ["loss", "loss-log", "loss-smooth", "loss-smooth-log", "step-time", "work-time",
+                     "skew", "busbw", "utilization_ratio", "power_watts",
                      "memory_used_bytes"]
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "25.0 %" in page  # the collective time share, 4 s of 16 s

@@ -103,3 +103,41 @@ def test_the_page_lands_in_the_run_dir_by_default(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (run_dir / "report.html").is_file() and not (tmp_path / "report.html").exists()
     assert f"wrote {run_dir / 'report.html'}" in " ".join(proc.stderr.split())
+
+
+def _shot(page: str, name: str, tmp_path) -> bytes:
+    html, png = tmp_path / f"{name}.html", tmp_path / f"{name}.png"
+    html.write_text(page)
+    run = _chromium([f"--screenshot={png}", "--window-size=900,700", html.as_uri()], tmp_path)
+    assert run.returncode == 0 and png.is_file(), run.stderr[-2000:]
+    return png.read_bytes()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)")
+def test_the_loss_toggles_show_the_chart_their_boxes_ask_for_in_chromium(tmp_path):
+    from npudist.report import report_html
+
+    full, _ = report_html(write_run(tmp_path / "run"))
+    # The loss section alone, under the page's own head, fits the window: no scrolling, nothing else moves.
+    page = full[:full.index("<body>") + 6] + re.search(r'<section id="loss">.*?</section>', full, re.DOTALL)[0] \
+        + "</body></html>"
+    # The page with the boxes ticked as a user leaves them, against the same page from which every other
+    # chart was cut and the asked-for one is shown by its own style: equal screenshots mean the stylesheet
+    # showed exactly that chart and no other.
+    variants = re.findall(r'<div class="variant (v-[a-z]+-[a-z]+)">.*?</svg></figure></div>', page, re.DOTALL)
+    assert sorted(variants) == ["v-raw-linear", "v-raw-log", "v-smooth-linear", "v-smooth-log"]
+    shots = {}
+    for smooth in (False, True):
+        for log in (False, True):
+            ticked = page
+            if smooth:
+                ticked = ticked.replace('id="loss-smooth">', 'id="loss-smooth" checked>')
+            if log:
+                ticked = ticked.replace('id="loss-log">', 'id="loss-log" checked>')
+            want = f"v-{'smooth' if smooth else 'raw'}-{'log' if log else 'linear'}"
+            alone = re.sub(r'<div class="variant (v-[a-z]+-[a-z]+)">(.*?</svg></figure>)</div>',
+                           lambda m, w=want: f'<div style="display: block">{m[2]}</div>' if m[1] == w else "",
+                           ticked, flags=re.DOTALL)
+            shots[want] = _shot(ticked, want, tmp_path)
+            assert shots[want] == _shot(alone, want + "-alone", tmp_path), want
+    assert len(set(shots.values())) == 4  # each box changes what is drawn

@@ -109,6 +109,25 @@ def _by_rank(records: Iterable[dict[str, Any]], kind: str) -> dict[int, list[dic
     return dict(sorted(out.items()))
 
 
+LOSS_SMOOTHING = 0.6
+"""TensorBoard's default smoothing weight for its scalar charts."""
+
+
+def smoothed(series: Series, weight: float = LOSS_SMOOTHING) -> Series:
+    """An exponential moving average of the points, debiased at each start as TensorBoard's scalar smoothing
+    is (so the first value is not pulled towards zero), and started afresh where a resumed segment begins."""
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
+    out, mean, n, prev_x = [], 0.0, 0, None
+    for x, y in series.points:
+        if prev_x is not None and any(prev_x < b <= x for b in series.breaks):
+            mean, n = 0.0, 0
+        mean, n = mean * weight + (1 - weight) * y, n + 1
+        out.append((x, mean / (1 - weight ** n)))
+        prev_x = x
+    return Series(series.name, tuple(out), series.breaks)
+
+
 def step_series(records: list[dict[str, Any]], field_name: str) -> tuple[Series, ...]:
     """One series per rank of ``field_name`` against step; the last record of a step wins."""
     out = []

@@ -1,4 +1,8 @@
-"""ReportData -> one self-contained HTML page (inline CSS and SVG, no script, no external resource)."""
+"""ReportData -> one self-contained HTML page (inline CSS and SVG, no script, no external resource).
+
+The loss chart's smoothing and log-scale toggles are checkboxes that CSS alone reads: each combination is
+drawn beforehand and the checked boxes pick the one shown, so the page needs no script (its CSP allows none).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from npudist.report import verdicts
-from npudist.report.model import DEVICE_PLOTS, WORST_WINDOWS, ReportData, Series, utc_time
+from npudist.report.model import DEVICE_PLOTS, LOSS_SMOOTHING, WORST_WINDOWS, ReportData, Series, smoothed, utc_time
 from npudist.report.records import RunFile
 from npudist.report.svg import line_chart, number_label
 
@@ -26,6 +30,11 @@ figure { margin: 8px 0; }
         border: 1px solid #c9d6e6; padding: 10px 14px; font-size: 14px; margin: 8px 0 16px; }
 .card dt { color: #555; } .card dd { margin: 0; font-weight: 600; word-break: break-all; }
 .value { font-size: 20px; font-weight: 600; }
+.toggles { font-size: 13px; margin-right: 14px; } .variant { display: none; }
+.t-smooth:not(:checked) ~ .t-log:not(:checked) ~ .variants > .v-raw-linear,
+.t-smooth:not(:checked) ~ .t-log:checked ~ .variants > .v-raw-log,
+.t-smooth:checked ~ .t-log:not(:checked) ~ .variants > .v-smooth-linear,
+.t-smooth:checked ~ .t-log:checked ~ .variants > .v-smooth-log { display: block; }
 """
 
 NOT_RECORDED = MappingProxyType({
@@ -70,7 +79,25 @@ def _section(key: str, heading: str, body: str) -> str:
 def _loss(data: ReportData) -> str:
     if not data.loss:
         return _not_recorded("loss")
-    return _chart(data.loss, "loss", "Training loss per rank", "step", "loss (cross-entropy)")
+    if all(len(x.points) == 1 for x in data.loss):
+        return _chart(data.loss, "loss", "Training loss per rank", "step", "loss (cross-entropy)")
+    log_ok = all(y > 0 for x in data.loss for _, y in x.points)
+    smooth = tuple(smoothed(x) for x in data.loss)
+    variants = [(f"v-{kind}-{scale}", plot_id, lines, scale == "log")
+                for kind, lines, base in (("raw", data.loss, "loss"), ("smooth", smooth, "loss-smooth"))
+                for scale, plot_id in (("linear", base), ("log", f"{base}-log")) if scale == "linear" or log_ok]
+    figures = "".join(
+        f'<div class="variant {cls}">'
+        + _chart(lines, plot_id, "Training loss per rank" + (" (smoothed)" if "smooth" in cls else ""),
+                 "step", "loss (cross-entropy)" + (", log scale" if log else ""), log_y=log)
+        + "</div>" for cls, plot_id, lines, log in variants)
+    log_box = ('<input type="checkbox" class="t-log" id="loss-log"><label class="toggles" for="loss-log">'
+               "log scale</label>") if log_ok else \
+        '<input type="checkbox" class="t-log" id="loss-log" disabled><label class="toggles">no log scale: a ' \
+        "loss at or below zero</label>"
+    return ('<div class="toggle-chart"><input type="checkbox" class="t-smooth" id="loss-smooth">'
+            f'<label class="toggles" for="loss-smooth">smoothed (moving average, weight {LOSS_SMOOTHING:g}, as '
+            f"TensorBoard)</label>{log_box}<div class=\"variants\">{figures}</div></div>")
 
 
 def _step_time(data: ReportData) -> str:

@@ -104,19 +104,43 @@ class _Axis:
         return float(_DEC.divide(_DEC.subtract(Decimal(v), self.lo), _DEC.subtract(self.hi, self.lo)))
 
 
+class _LogAxis:
+    """A base-10 log axis (``_Axis``'s interface, values not logarithms): ticks at 1, 2 and 5 times powers of
+    ten, only the powers once the data spans more than 2 decades, thinned to at most ``_MAX_X_TICKS``."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        mults = (1, 2, 5) if last - first <= 2 else (1,)
+        stride = max(1, math.ceil((last - first + 1) / _MAX_X_TICKS))
+        marks = [Decimal(m).scaleb(k) for k in range(first, last + 1, stride) for m in mults]
+        below = [t for t in marks if t <= Decimal(lo)] or marks[:1]
+        above = [t for t in marks if t >= Decimal(hi)] or [Decimal(1).scaleb(last + stride)]
+        self.lo, self.hi = below[-1], above[0]
+        if self.hi == self.lo:  # every value is one tick: a decade around it
+            self.lo, self.hi = self.lo.scaleb(-1), self.hi.scaleb(1)
+        self.ticks = sorted({t for t in [self.lo, *marks, self.hi] if self.lo <= t <= self.hi})
+        self.step = None
+
+    def frac(self, v: float | Decimal) -> float:
+        """0 at the axis start, 1 at its end, by logarithm."""
+        return (math.log10(v) - math.log10(self.lo)) / (math.log10(self.hi) - math.log10(self.lo))
+
+
 def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, log2_x: bool = False,
                y_from_zero: bool = False, width: int = 720, height: int = 320, plot_id: str = "",
-               threshold: float | None = None, y_max: float | None = None) -> str:
+               threshold: float | None = None, y_max: float | None = None, log_y: bool = False) -> str:
     """An <svg> with axes, ticks, one polyline (and point markers) per series, and a legend below it.
 
     ``threshold`` draws a dashed horizontal line (kept inside the y axis); ``y_max`` caps the y axis (ratios
-    end at 1) unless a point lies above it.
+    end at 1) unless a point lies above it; ``log_y`` spaces the y axis by powers of ten (positive values only).
     """
     points = [p for s in series for p in s.points if not log2_x or p[0] > 0]
     if not points:
         raise ValueError(f"chart {title!r} has no points to draw")
     if not all(math.isfinite(x) and math.isfinite(y) for x, y in points):
         raise ValueError(f"chart {title!r} has a non-finite point; series hold finite values only")
+    if log_y and (y_from_zero or threshold is not None or y_max is not None or min(y for _, y in points) <= 0):
+        raise ValueError(f"chart {title!r}: a log y axis needs positive values and no zero, threshold or cap")
 
     def xv(x: float) -> float:
         return math.log2(x) if log2_x else x
@@ -126,7 +150,7 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
     pw, ph = width - _MARGIN_L - _MARGIN_R, height - _MARGIN_T - _MARGIN_B
     x_axis = _Axis(min(xs), max(xs), integer_ticks=log2_x)
     y_hi = max(ys) if threshold is None else max(*ys, threshold)
-    y_axis = _Axis(min(ys), y_hi, from_zero=y_from_zero)
+    y_axis: _Axis | _LogAxis = _LogAxis(min(ys), y_hi) if log_y else _Axis(min(ys), y_hi, from_zero=y_from_zero)
     if y_max is not None and y_hi <= y_max:
         y_axis.ticks = [t for t in y_axis.ticks if t <= Decimal(y_max)]
         if y_axis.ticks[-1] < Decimal(y_max):
