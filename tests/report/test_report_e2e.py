@@ -30,8 +30,9 @@ def test_cli_writes_the_page_and_counts_skipped_lines(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "2 unusable record(s) skipped" in " ".join(proc.stderr.split())
     page = out.read_text()
-    # 7 plots: charts, and one-sample series (the fixture's single skew window, device readings) as values
-    assert page.count("data-plot=") == 8 and page.count('class="single"') == 5  # work time: one window
+    # 8 plots: charts (the loss drawn 4 ways: raw or smoothed, linear or log), and one-sample series (the
+    # fixture's single skew window, device readings) as values
+    assert page.count("data-plot=") == 8 + 3 and page.count('class="single"') == 5  # work time: one window
 
 
 def test_a_run_dir_without_run_logs_still_gets_a_page_and_a_warning(tmp_path):
