@@ -98,7 +98,7 @@ print(json.dumps({n: type(getattr(pkg, n)).__name__ for n in pkg.__all__
 """
 
 
-@pytest.mark.parametrize("package", ["npudist.telemetry", "npudist.edge"])
+@pytest.mark.parametrize("package", ["npudist.telemetry", "npudist.edge", "npudist.accelerators"])
 def test_a_lazily_exported_name_is_never_shadowed_by_a_submodule(package):
     # A name loaded on first use must not share its name with a submodule: once anything imports that
     # submodule, the package attribute is the module and `from pkg import name` returns it.
