@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -85,6 +87,19 @@ def test_a_verdict_at_scale_lists_a_few_ranks_in_its_line_and_all_in_the_report(
     assert len(verdict["line"]) < 2000
 
 
+def test_a_culprits_card_is_named_with_its_vendors_health_command_only_when_known():
+    from npudist.runtime.place import Place
+
+    records = {0: rec(0, 9, "entered"), 1: rec(1, 8), 2: rec(2, 9, "entered"), 3: rec(3, 8)}
+    who = {1: Place(host="n2", pid=77, local_rank=1, accelerator="npu", card=5, chip=1),
+           3: Place(host="n2", pid=78, local_rank=3, accelerator="npu")}  # its physical card is not known
+    verdict = judge(records, suspects(records), set(), {}, now=1.0, stalled_s=11.0, bound_s=10.0, who=who)
+    one, three = verdict["culprit_ranks"]["1"], verdict["culprit_ranks"]["3"]
+    assert one["next_commands"] == ["py-spy dump --pid 77 (on n2)", "npu-smi info -t health -i 5 -c 1 (on n2)"]
+    assert three["next_commands"] == ["py-spy dump --pid 78 (on n2)"]  # a logical index would name another card
+    assert (one["accelerator"], one["card"], one["chip"], three["local_rank"]) == ("npu", 5, 1, 3)
+
+
 def test_the_bound_comes_from_the_job_and_has_a_floor_and_an_override():
     t = ProgressTracker()
     records = {0: rec(0, 1, "entered", step=0), 1: rec(1, 1, "entered", step=0)}
@@ -152,6 +167,7 @@ def _watchdog(rank: int, client, **kw) -> Watchdog:
 @pytest.mark.parametrize("world", [16, 128])
 def test_a_diagnosis_costs_o_n_store_requests(store, world, monkeypatch, tmp_path):
     monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # what torchrun sets; every rank of this test shares it
     client = CountingStore(store.clone())
     ranks = [_watchdog(r, client, run_dir=str(tmp_path)) for r in range(world)]
     clock = [time.time()]
@@ -190,6 +206,13 @@ def test_a_diagnosis_costs_o_n_store_requests(store, world, monkeypatch, tmp_pat
     assert client.total() <= ticks * world + 2 * world + 20, client.calls
     saved = json.loads((tmp_path / "hang-attempt0.json").read_text())
     assert saved["culprits"] == [5] and "rank(s) 5 never reached it" in saved["line"]
+    # The file says where the culprit runs, as it published itself, and what to run there next.
+    here, pid = socket.gethostname(), os.getpid()
+    five = saved["culprit_ranks"]["5"]
+    assert (five["host"], five["pid"], five["local_rank"]) == (here, pid, 3)
+    assert five["next_commands"][0] == f"py-spy dump --pid {pid} (on {here})"
+    assert f"({here} pid {pid}, local rank 3)" in saved["line"] and f"next: py-spy dump --pid {pid}" in saved["line"]
+    assert saved["iso_time"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(saved["time"]))
 
 
 def _one_behind(ranks: list[Watchdog], behind: int, next_op: str) -> None:

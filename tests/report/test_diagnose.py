@@ -8,6 +8,7 @@ import json
 import os
 
 from npudist.report.diagnose import diagnose, lines
+from npudist.runtime.place import Place
 from npudist.telemetry.job.skew import SkewReport
 from npudist.telemetry.job.straggler import StragglerDiagnosis
 from tests.report.runs import write_run
@@ -25,7 +26,7 @@ def _straggler(root, rank=1):
     report = SkewReport(first_step=1, last_step=20, means=(0.1, 0.3), temperatures=(None, None),
                         frequencies=(None, None), skew=0.5, straggler=rank, devices=((4, 0), (5, 0)),
                         data_waits=(0.0, 0.0), comm_waits=(0.2, 0.0), ratios=(0.33, 3.0), flagged=(rank,))
-    return StragglerDiagnosis(root, where=lambda ranks: {r: ("n1", 4242) for r in ranks})(report)
+    return StragglerDiagnosis(root, where=lambda ranks: {r: Place(host="n1", pid=4242) for r in ranks})(report)
 
 
 def test_hang_then_straggler_then_checkpoint_each_with_where_when_and_next(tmp_path):

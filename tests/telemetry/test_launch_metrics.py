@@ -1,4 +1,5 @@
 import json
+import os
 import re
 import signal
 import socket
@@ -132,13 +133,16 @@ def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path
     # means about 0.02 s and 0.08 s: std 0.03 / mean 0.05 = 0.6; scheduling noise only lowers it a little
     assert samples(fams0, "npudist_step_skew_ratio")[key0] > 0.3
     assert samples(fams1, "npudist_step_skew_ratio") == {}  # only rank 0 publishes
-    slow = re.search(r"straggler: rank 1 \(device 2 chip 1\) works [\d.]+x the median of the other ranks over "
-                     r"steps \d+-\d+ \((\d+\.\d+) s/step\); cause: compute", res.stderr)
+    # rank 1's host and pid (as it published them), then its card
+    slow = re.search(r"straggler: rank 1 \(\S+ pid \d+, device 2 chip 1\) works [\d.]+x the median of the other "
+                     r"ranks over steps \d+-\d+ \((\d+\.\d+) s/step\); cause: compute", res.stderr)
     assert slow is not None, res.stderr[-2000:]
     assert float(slow.group(1)) >= 0.08  # it sleeps 0.08 s per step
     (diagnosis,) = tmp_path.glob("straggler-step*.json")
     doc = json.loads(diagnosis.read_text())
     assert doc["straggler_rank"] == 1 and (doc["device"]["npu_id"], doc["device"]["chip_id"]) == (2, 1)
+    # where it runs, as rank 1 published it, read by rank 0 which wrote the file
+    assert doc["local_rank"] == 1 and doc["pid"] != os.getpid() and doc["host"] and doc["iso_time"].endswith("Z")
 
 
 SLEEPER = """

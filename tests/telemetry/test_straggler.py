@@ -3,12 +3,13 @@
 import dataclasses
 import json
 import re
+import time
 
 import pytest
 
 from npudist.telemetry.job.skew import skew_report
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
-from npudist.telemetry.job.straggler import StragglerDiagnosis, cause, describe_flag, diagnosis
+from npudist.telemetry.job.straggler import StragglerDiagnosis, StragglerWarnings, cause, describe_flag, diagnosis
 from tests.conftest import run_npudist
 
 
@@ -68,17 +69,31 @@ def test_written_after_n_flagged_windows_in_a_row_and_once_per_streak(tmp_path):
 
 
 def test_a_diagnosis_says_on_which_host_and_pid_the_straggler_runs(tmp_path):
+    from npudist.runtime.place import Place
+
     asked = []
 
     def where(ranks):
         asked.append(ranks)
-        return {1: ("node7", 4242)}
+        return {1: Place(host="node7", pid=4242, local_rank=1, accelerator="npu")}
 
-    (path,) = StragglerDiagnosis(tmp_path, where=where)(_report(1, 5, [0.02, 0.08], flagged=(1,)))
+    report = _report(1, 5, [0.02, 0.08], flagged=(1,))  # rank 1 computes on card 2 chip 1, compute-bound
+    (path,) = StragglerDiagnosis(tmp_path, where=where)(report)
     doc = json.loads(path.read_text())
     assert (doc["host"], doc["pid"]) == ("node7", 4242) and asked == [[1]]  # one lookup, for the flagged rank
+    assert (doc["local_rank"], doc["accelerator"]) == (1, "npu") and doc["cause"] == "compute"
+    assert doc["next_commands"] == ["npu-smi info -t health -i 2 -c 1 (on node7)"]  # its card, in Ascend's tool
+    assert doc["where"] == "rank 1, local rank 1, on node7, pid 4242, card 2 chip 1"
+    assert doc["iso_time"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(doc["time"]))
     (path,) = StragglerDiagnosis(tmp_path / "alone")(_report(1, 5, [0.02, 0.08], flagged=(1,)))
-    assert json.loads(path.read_text())["host"] is None  # outside a job: said so, not invented
+    alone = json.loads(path.read_text())
+    assert alone["host"] is None and alone["next_commands"] == []  # outside a job: said so, not invented
+    # The console line names the same place and the same next command, looked up once per new flag.
+    warned = StragglerWarnings(where=where)
+    (line,) = warned(report)
+    assert "rank 1 (node7 pid 4242, device 2 chip 1) works" in line
+    assert line.endswith("; next: npu-smi info -t health -i 2 -c 1 (on node7)")
+    assert warned(report) == [] and asked == [[1], [1]]
 
 
 def test_two_flagged_ranks_get_one_document_each(tmp_path):

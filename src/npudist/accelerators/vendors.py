@@ -38,6 +38,9 @@ class Vendor:
     activate: str | None = None
     """``module:function`` that makes the device exist in this process (the simulated NPU installs
     itself) and returns why it could not, or None. Named, not imported, like ``module``."""
+    health_command: str | None = None
+    """The card's health and vitals in the vendor's tool, with {card} (physical ID, as the tool numbers it)
+    and {chip}: the next command a straggler or hang diagnosis names."""
     simulated: bool = False
     """The device is npudist's simulation (npudist.sim), not hardware: never picked by detection, only
     by NPUDIST_SIMULATE / ``npudist launch --simulate``."""
@@ -55,18 +58,22 @@ VENDORS: tuple[Vendor, ...] = (
     # (https://gitee.com/ascend/pytorch, docs "Distributed training": backend="hccl").
     # CANN's set_env.sh puts libascendcl/libhccl on LD_LIBRARY_PATH (CANN install guide, "Configuring
     # Environment Variables").
+    # Health: npu-smi command reference, `info -t health -i ID -c CHIP`.
     Vendor("npu", "npu", "torch_npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "npu-smi", False, "npu-smi",
+           health_command="npu-smi info -t health -i {card} -c {chip}",
            runtime_setup="source CANN's set_env.sh (e.g. `source /usr/local/Ascend/ascend-toolkit/set_env.sh`) "
            "so libhccl.so and the other CANN libraries are found"),
-    Vendor("cuda", "cuda", None, "nccl", "CUDA_VISIBLE_DEVICES", "nvml", False, "nvidia-smi"),
+    Vendor("cuda", "cuda", None, "nccl", "CUDA_VISIBLE_DEVICES", "nvml", False, "nvidia-smi",
+           health_command="nvidia-smi -q -i {card} -d TEMPERATURE,CLOCK,PERFORMANCE,ECC"),
     # Cambricon: torch_mlu registers torch.mlu and the "cncl" backend (Cambricon PyTorch user guide).
     Vendor("mlu", "mlu", "torch_mlu", "cncl", "MLU_VISIBLE_DEVICES", "cnmon", False, "cnmon",
+           health_command="cnmon info -c {card}",  # Cambricon CNMon user guide, `info -c`
            runtime_setup="set NEUWARE_HOME to the Cambricon Neuware install and put $NEUWARE_HOME/lib64 on "
            "LD_LIBRARY_PATH"),
     # RK3588: one NPU per board, no collective library; torch computes on the CPU unless rknnlite runs
     # an .rknn model, and collectives go over gloo from host memory.
     Vendor("rknpu", "cpu", None, "gloo", None, "rknpu", True, None, default_nproc=1,
-           board_probe=_rknpu_probe),
+           board_probe=_rknpu_probe, health_command="cat /sys/kernel/debug/rknpu/load"),  # RKNPU driver debugfs
     Vendor("cpu", "cpu", None, "gloo", None, "cpu", False, None, default_nproc=2),
 )
 

@@ -25,6 +25,7 @@ from typing import Any
 from npudist.comm import rank_states
 from npudist.comm.rank_states import Look
 from npudist.comm.watchdog import BadRecord, Record, Records
+from npudist.runtime.place import Place, iso, next_commands
 from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 
 FLOOR_S = 10.0
@@ -163,14 +164,15 @@ def _top_frame(stack: str) -> str:
 
 def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: Mapping[int, Look | str], *,
           now: float, stalled_s: float, bound_s: float, cause: str = "",
-          who: Mapping[int, tuple[str, int]] | None = None, processes: Mapping[int, str] | None = None,
+          who: Mapping[int, Place] | None = None, processes: Mapping[int, str] | None = None,
           stuck_s: float = DEFAULT_STUCK_S, busy_s: float | None = None, action: str = "abort") -> dict[str, Any]:
     """The verdict: a JSON-ready report whose ``line`` is the one line rank 0 prints (pure).
 
     ``answered``: the suspects whose watchdog thread answered the probe (None: no probe was made);
-    ``stacks``: their answers (rank_states.Look, or a bare stack); ``who``: (host, pid) of ranks that said
-    where they run; ``processes``: what this host's process table says of a rank it holds. Each culprit gets
-    a state (rank_states.py), and the verdict says after how long of stall the job is aborted
+    ``stacks``: their answers (rank_states.Look, or a bare stack); ``who``: where the ranks that said so
+    run (host, pid, local rank, accelerator), which each culprit's entry and next commands carry;
+    ``processes``: what this host's process table says of a rank it holds. Each culprit gets a state
+    (rank_states.py), and the verdict says after how long of stall the job is aborted
     (``abort_after_s``: 0 now, None never).
     """
     looks = {r: v if isinstance(v, Look) else Look(stack=v) for r, v in stacks.items()}
@@ -204,14 +206,16 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     parts = []
     for r in culprits:
         look = looks.get(r) if answered is not None and r in answered else None
-        host, pid = who.get(r, ("", 0))
+        place = who.get(r, Place())
         per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": None if answered is None else r in answered,
                             "state": states[r], "stack": look.stack if look and look.stack else None,
                             "cpu_ratio": round(look.cpu_ratio, 3) if look else None,
-                            "busy": look.busy if look and look.busy else None, "host": host or None, "pid": pid or None}
+                            "busy": look.busy if look and look.busy else None, **place.fields(),
+                            "next_commands": list(next_commands("hang", place))}
         if len(parts) < NAMED_IN_LINE:
             top = _top_frame(look.stack) if look else ""
-            at = f" ({host} pid {pid})" if host else ""
+            local = f", local rank {place.local_rank}" if place.local_rank is not None else ""
+            at = f" ({place.host} pid {place.pid}{local})" if place.host else ""
             parts.append(f"rank {r}{at} {_last(records.get(r), now)}, "
                          f"{rank_states.describe(states[r], look, processes.get(r))}" + (f", at {top}" if top else ""))
     blame = {"behind": "never reached it", "ahead": "ran past it (a skipped collective?)",
@@ -221,6 +225,9 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         who_line = f"rank(s) {_ranks(culprits)} {blame}: " + "; ".join(parts)
         if len(culprits) > NAMED_IN_LINE:
             who_line += f"; {len(culprits) - NAMED_IN_LINE} more in the report"
+        first = per_rank[str(culprits[0])]["next_commands"]
+        if first:
+            who_line += f"; next: {first[0]}"
     else:
         who_line = "every rank is alive inside it (a slow link, or a backend stuck below Python)"
     busy_only = bool(states) and all(st in (rank_states.BUSY, rank_states.DECLARED) for st in states.values())
@@ -236,7 +243,8 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
             "waiting": found.waiting, "culprits": culprits, "not_reached": not_reached,
             "reached": sorted(r for r in records if r not in not_reached), "culprit_ranks": per_rank,
             "states": {str(r): st for r, st in states.items()}, "abort_after_seconds": after, "held_back": held,
-            "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "cause": cause or None,
+            "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "iso_time": iso(now),
+            "cause": cause or None,
             "ranks": {str(r): _as_json(records[r]) for r in culprits}}
 
 

@@ -254,9 +254,10 @@ class HangReader:
             if self.tracker.update(now, self.read()) is None:
                 self.verdict, self._episode_since = None, None
                 return
-        who = watchdog.read_who(self.wd._connect(), found.ranks)
+        places = watchdog.read_places(self.wd._connect(), found.ranks)
+        who = {r: (p.host or "", p.pid or 0) for r, p in places.items()}
         verdict = hang.judge(records, found, answered, looks, now=self.clock(), stalled_s=stalled,
-                             bound_s=self.tracker.bound_s, cause=cause, who=who, processes=local_processes(who),
+                             bound_s=self.tracker.bound_s, cause=cause, who=places, processes=local_processes(who),
                              stuck_s=self.wd.stuck_timeout_s, busy_s=self.wd.busy_timeout_s,
                              action=self.wd.hang_action)
         first = self.verdict is None

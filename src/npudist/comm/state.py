@@ -18,7 +18,8 @@ from npudist.comm.buffers import BufferPool, LayoutCache
 from npudist.comm.constraints import Constraints
 from npudist.comm.hang_reader import HangReader
 from npudist.comm.recorder import CommStats, Recorder
-from npudist.comm.watchdog import Watchdog, read_who
+from npudist.comm.watchdog import Watchdog, read_places
+from npudist.runtime.place import Place
 from npudist.runtime.settings import Settings
 from npudist.runtime.state import Runtime, current, peek
 
@@ -130,15 +131,16 @@ def busy(label: str) -> Iterator[None]:
         yield
 
 
-def where(ranks: list[int]) -> dict[int, tuple[str, int]]:
-    """(host, pid) of ``ranks`` as each published at its start, for diagnoses that name them; {} outside a
-    job or when the store cannot tell (one ``check`` and one ``multi_get``)."""
+def where(ranks: list[int]) -> dict[int, Place]:
+    """Where ``ranks`` run (host, pid, local rank, accelerator) as each published at its start, for
+    diagnoses that name them; {} outside a job or when the store cannot tell (one ``check`` and one
+    ``multi_get``)."""
     rt = peek()
     wd = rt.comm.watchdog if rt is not None and rt.comm is not None else None
     if wd is None or wd.record is None:
         return {}
     try:
-        return read_who(wd._connect(), ranks)
+        return read_places(wd._connect(), ranks)
     except Exception:  # a diagnosis is written without the names rather than not at all
         return {}
 

@@ -46,7 +46,9 @@ import torch.distributed as dist
 from npudist.comm.abort_note import restart_note, write_error_file
 from npudist.comm.main_thread import look_at_main
 from npudist.runtime import compat
+from npudist.runtime.place import Place, from_doc
 from npudist.runtime.report_file import write_report
+from npudist.runtime.state import peek
 
 log = logging.getLogger("npudist.comm")
 PUBLISH_INTERVAL_S = 1.0
@@ -151,6 +153,15 @@ def verdict_key() -> str:
 
 def who_key(rank: int) -> str:
     return _key(f"who/{rank}")
+
+
+def _where_i_run() -> dict[str, Any]:
+    """What a rank publishes once about where it runs (runtime.place.Place's fields): its host and pid,
+    torchrun's LOCAL_RANK, and the accelerator row it detected."""
+    rt = peek()
+    local = os.environ.get("LOCAL_RANK", "")
+    return {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": int(local) if local.isdigit() else None,
+            "accelerator": getattr(rt.accelerator, "name", None) if rt is not None else None}
 
 
 def shared_store() -> Any:
@@ -308,7 +319,7 @@ class Watchdog:
         if rec is None or store is None:
             return
         if not self._who_sent:
-            store.set(who_key(rec.rank), json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+            store.set(who_key(rec.rank), json.dumps(_where_i_run()))
             self._who_sent = True
         store.set(_key(rec.rank), json.dumps(asdict(rec)))
 
@@ -522,10 +533,11 @@ WHO_AT_MOST = 64
 """Ranks whose host and pid one report looks up (a line names a few; the rest are in the records)."""
 
 
-def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
-    """(host, pid) that ``ranks`` published at their start: one ``check`` and one ``multi_get``, and
-    nothing when some key is missing (a rank that never started) or the store fails."""
-    out: dict[int, tuple[str, int]] = {}
+def read_places(store: Any, ranks: list[int]) -> dict[int, Place]:
+    """Where ``ranks`` said at their start that they run (host, pid, local rank, accelerator): one ``check``
+    and one ``multi_get``, and nothing when some key is missing (a rank that never started) or the store
+    fails."""
+    out: dict[int, Place] = {}
     ranks = ranks[:WHO_AT_MOST]
     keys = [who_key(r) for r in ranks]
     try:
@@ -534,10 +546,15 @@ def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
         for r, raw in zip(ranks, store.multi_get(keys), strict=True):
             doc = json.loads(raw)
             if isinstance(doc, dict) and isinstance(doc.get("host"), str) and isinstance(doc.get("pid"), int):
-                out[r] = (doc["host"][:100], doc["pid"])
+                out[r] = from_doc(doc)
     except Exception as exc:  # names are a courtesy: the report stands without them
         log.debug("where the ranks run is not readable: %s", exc)
     return out
+
+
+def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
+    """(host, pid) of ``ranks``, from read_places."""
+    return {r: (p.host or "", p.pid or 0) for r, p in read_places(store, ranks).items()}
 
 
 def _published_verdict(store: Any) -> dict[str, Any] | None:

@@ -9,37 +9,14 @@ flight-recorder dumps back into one answer.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from types import MappingProxyType
 from typing import Any
+
+from npudist.runtime.place import Place, from_doc, iso, next_commands, where
 
 KINDS = ("hang", "straggler", "checkpoint")
 """Verdict kinds, most severe first."""
-
-# The card's health/vitals in each vendor's tool: npu-smi (Ascend npu-smi command reference, `info -t health`),
-# nvidia-smi (`-q -i N -d ...`), cnmon (Cambricon CNMon `info -c N`), RKNPU's debugfs load file.
-DEVICE_COMMAND: Mapping[str, str] = MappingProxyType({
-    "npu": "npu-smi info -t health -i {card} -c {chip}",
-    "cuda": "nvidia-smi -q -i {card} -d TEMPERATURE,CLOCK,PERFORMANCE,ECC",
-    "mlu": "cnmon info -c {card}",
-    "rknpu": "cat /sys/kernel/debug/rknpu/load",
-})
-STACK_COMMAND = "py-spy dump --pid {pid}"
-"""A running rank's Python stack without stopping it (py-spy, https://github.com/benfred/py-spy)."""
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a rank ran, from the run log's start record and the diagnosis documents."""
-
-    host: str | None = None
-    pid: int | None = None
-    local_rank: int | None = None
-    accelerator: str | None = None
-    card: int | None = None
-    chip: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,16 +31,6 @@ class Verdict:
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "iso_time": iso(self.time)}
-
-
-def iso(seconds: float | None) -> str | None:
-    """UTC ISO 8601 time, None for a time that is missing or outside what the platform can date."""
-    if seconds is None or not math.isfinite(seconds):
-        return None
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-    except (OverflowError, OSError, ValueError):
-        return None
 
 
 def _int(value: Any) -> int | None:
@@ -89,47 +56,6 @@ def places(records: list[dict[str, Any]]) -> dict[int, Place]:
     return out
 
 
-def merge(base: Place | None, doc: Mapping[str, Any]) -> Place:
-    """``base`` with what a diagnosis document states itself (it was written on the rank's own host)."""
-    base = base or Place()
-    device = doc.get("device") if isinstance(doc.get("device"), dict) else {}
-    return Place(host=_text(doc.get("host"), 255) or base.host, pid=_int(doc.get("pid")) or base.pid,
-                 local_rank=_int(doc.get("local_rank")) if _int(doc.get("local_rank")) is not None
-                 else base.local_rank,
-                 accelerator=_text(doc.get("accelerator"), 32) or base.accelerator,
-                 card=_int(device.get("npu_id")) if _int(device.get("npu_id")) is not None else base.card,
-                 chip=_int(device.get("chip_id")) if _int(device.get("chip_id")) is not None else base.chip)
-
-
-def where(rank: int | None, place: Place) -> str:
-    parts = [f"rank {rank}" if rank is not None else "no rank named"]
-    if place.local_rank is not None:
-        parts.append(f"local rank {place.local_rank}")
-    if place.host:
-        parts.append(f"on {place.host}")
-    if place.pid:
-        parts.append(f"pid {place.pid}")
-    if place.card is not None:
-        parts.append(f"card {place.card}" + (f" chip {place.chip}" if place.chip is not None else ""))
-    return ", ".join(parts)
-
-
-def next_commands(kind: str, place: Place, cause: str | None = None) -> tuple[str, ...]:
-    """What to run next on the rank's host: its stack for a hang, its card's vitals for a slow compute."""
-    on = f" (on {place.host})" if place.host else ""
-    out = []
-    if place.pid and (kind == "hang" or cause != "compute"):
-        out.append(STACK_COMMAND.format(pid=place.pid) + on)
-    template = DEVICE_COMMAND.get(place.accelerator or "")
-    if template and place.card is not None and (kind == "straggler" or kind == "hang"):
-        out.append(template.format(card=place.card, chip=place.chip if place.chip is not None else 0) + on)
-    if kind == "straggler" and cause == "communication":
-        out.append("npudist bench collective --op all_reduce (its links against the others')")
-    if kind == "straggler" and cause == "data":
-        out.append("profile the input pipeline on that host (DataLoader num_workers, storage reads)")
-    return tuple(out)
-
-
 def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place]) -> list[Verdict]:
     """A hang-attempt*.json (rank 0's verdict) or hang-rank*.json (a failing rank's report) document."""
     inner = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else doc
@@ -144,7 +70,7 @@ def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place
     out = []
     for rank in culprits[:8] or [None]:
         extra = details.get(str(rank)) or who.get(str(rank)) or {}
-        place = merge(known.get(rank) if rank is not None else None, extra if isinstance(extra, dict) else {})
+        place = from_doc(extra if isinstance(extra, dict) else {}, known.get(rank) if rank is not None else None)
         out.append(Verdict("hang", line, rank, place, at, next_commands("hang", place), source))
     return out
 
@@ -154,7 +80,7 @@ def straggler_verdict(doc: Mapping[str, Any], source: str, known: Mapping[int, P
     rank = _int(doc.get("straggler_rank"))
     if rank is None:
         return None
-    place = merge(known.get(rank), doc)
+    place = from_doc(doc, known.get(rank))
     ratio, cause = _num(doc.get("slowdown_ratio")), _text(doc.get("cause"), 32)
     steps = doc.get("steps") if isinstance(doc.get("steps"), list) else []
     span = f" over steps {steps[0]}-{steps[-1]}" if len(steps) == 2 and all(_int(s) is not None for s in steps) else ""

@@ -30,8 +30,8 @@ SLOW_FACTOR = 1.3
 _STEP = re.compile(r"^step=(\d+) .*\bworld=(\d+)")
 _RESUMED = re.compile(r"^resumed from step=(\d+)")
 _DETECT = re.compile(r"npudist hang:|never reached it|CollectiveHangError|ChildFailedError|Connection reset|"
-                     r"straggler diagnosis:|^straggler: rank \d+ works")
-_STRAGGLER = re.compile(r"^straggler: rank (\d+) works .*; cause: (\w+)")
+                     r"straggler diagnosis:|^straggler: rank \d+(?: \([^)]*\))? works")
+_STRAGGLER = re.compile(r"^straggler: rank (\d+)(?: \([^)]*\))? works .*; cause: (\w+)")
 
 
 @dataclass

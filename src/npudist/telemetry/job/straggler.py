@@ -19,6 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npudist.runtime.place import Place, iso, next_commands
+from npudist.runtime.place import where as place_text
 from npudist.runtime.report_file import write_report
 from npudist.telemetry.job.skew import SkewReport
 
@@ -61,9 +63,19 @@ def cause(report: SkewReport, rank: int) -> tuple[str, dict[str, float]]:
     return best, excess
 
 
-def _where(report: SkewReport, rank: int) -> str:
+def _where(report: SkewReport, rank: int, place: Place | None = None) -> str:
     device = _at(report.devices, rank)
-    return "" if device is None else f" (device {device[0]} chip {device[1]})"
+    parts = [f"{place.host} pid {place.pid}"] if place is not None and place.host else []
+    parts += [] if device is None else [f"device {device[0]} chip {device[1]}"]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _placed(report: SkewReport, rank: int, place: Place | None) -> Place:
+    """The rank's place with the physical card its skew row reported (the detector's exchange carries it)."""
+    device = _at(report.devices, rank)
+    place = place or Place()
+    return place if device is None else Place(place.host, place.pid, place.local_rank, place.accelerator,
+                                              device[0], device[1])
 
 
 def _vitals(report: SkewReport, rank: int) -> str:
@@ -72,14 +84,17 @@ def _vitals(report: SkewReport, rank: int) -> str:
             f"frequency {'n/a' if freq is None else f'{freq / 1e6:.0f} MHz'}")
 
 
-def describe_flag(report: SkewReport, rank: int) -> str:
-    """The console line when ``rank`` becomes a straggler: rank, card, slowdown, cause, vitals."""
+def describe_flag(report: SkewReport, rank: int, place: Place | None = None) -> str:
+    """The console line when ``rank`` becomes a straggler: rank, host and pid (``place``, when known), card,
+    slowdown, cause, vitals and the next command to run."""
     ratio = _at(report.ratios, rank)
     kind, excess = cause(report, rank)
-    return (f"straggler: rank {rank}{_where(report, rank)} works "
+    nxt = next_commands("straggler", _placed(report, rank, place), kind)
+    return (f"straggler: rank {rank}{_where(report, rank, place)} works "
             f"{'n/a' if ratio is None else f'{ratio:.2f}x'} the median of the other ranks over steps "
             f"{report.first_step}-{report.last_step} ({report.means[rank]:.4f} s/step); cause: {kind} "
-            f"({CAUSE_TEXT[kind]}, +{excess[kind]:.4f} s/step); its {_vitals(report, rank)}")
+            f"({CAUSE_TEXT[kind]}, +{excess[kind]:.4f} s/step); its {_vitals(report, rank)}"
+            + (f"; next: {nxt[0]}" if nxt else ""))
 
 
 def describe_recovery(report: SkewReport, rank: int) -> str:
@@ -91,12 +106,16 @@ def describe_recovery(report: SkewReport, rank: int) -> str:
 class StragglerWarnings:
     """One console line when a rank becomes a straggler and one when it recovers, not one per window."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: Callable[[list[int]], dict[int, Place]] | None = None) -> None:
         self.flagged: set[int] = set()
+        self.where = where if where is not None else _hosts
+        """Where ranks run (npudist.comm's records by default): asked once per newly flagged rank."""
 
     def __call__(self, report: SkewReport) -> list[str]:
         now = set(report.flagged)
-        lines = [describe_flag(report, r) for r in sorted(now - self.flagged)]
+        new = sorted(now - self.flagged)
+        places = self.where(new) if new else {}
+        lines = [describe_flag(report, r, places.get(r)) for r in new]
         lines += [describe_recovery(report, r) for r in sorted(self.flagged - now)]
         self.flagged = now
         for line in lines:
@@ -139,7 +158,7 @@ def _physical(device: tuple[int, int] | None) -> dict[str, int | None]:
     return {"npu_id": npu_id, "chip_id": chip_id}
 
 
-def _hosts(ranks: list[int]) -> dict[int, tuple[str, int]]:
+def _hosts(ranks: list[int]) -> dict[int, Place]:
     from npudist.comm import where
 
     return where(ranks)
@@ -150,12 +169,12 @@ class StragglerDiagnosis:
     ``windows`` consecutive windows in which the detector flags a rank (one document per flagged rank)."""
 
     def __init__(self, run_dir: str | os.PathLike, windows: int = 1,
-                 where: Callable[[list[int]], dict[int, tuple[str, int]]] | None = None) -> None:
+                 where: Callable[[list[int]], dict[int, Place]] | None = None) -> None:
         if windows < 1:
             raise ValueError(f"windows must be >= 1, got {windows}")
         self.run_dir, self.windows = Path(run_dir), windows
         self.where = where if where is not None else _hosts
-        """(host, pid) of ranks, so that a diagnosis says where to look (npudist.comm's records by default)."""
+        """Where ranks run, so that a diagnosis says where to look (npudist.comm's records by default)."""
         self._streaks: dict[int, deque[SkewReport]] = {}
         self._written: set[int] = set()
         self.written: list[Path] = []
@@ -173,8 +192,10 @@ class StragglerDiagnosis:
             if len(streak) < self.windows or rank in self._written:
                 continue
             doc = diagnosis(list(streak), rank)
-            host, pid = self.where([rank]).get(rank, (None, None))
-            doc["host"], doc["pid"] = host, pid
+            place = _placed(report, rank, self.where([rank]).get(rank))
+            doc.update(host=place.host, pid=place.pid, local_rank=place.local_rank, accelerator=place.accelerator,
+                       where=place_text(rank, place), iso_time=iso(doc["time"]),
+                       next_commands=list(next_commands("straggler", place, doc["cause"])))
             path = self._write(doc, report.last_step, rank, len(flagged))
             if path is not None:
                 self._written.add(rank)
