@@ -102,3 +102,19 @@ def test_the_default_output_sits_beside_the_model() -> None:
     assert default_out("models/m.onnx") == Path("models/m.rknn")
     assert default_out("examples/edge_ensemble.py:member_model") == Path("examples/edge_ensemble.member_model.rknn")
     assert default_out("pkg.mod:build") == Path("build.rknn")
+
+
+def test_edge_stands_below_infer():
+    # The ensemble (infer) runs .rknn members through edge's runtimes; edge must not import infer back.
+    import ast
+
+    edge = Path(__file__).resolve().parents[2] / "src" / "npudist" / "edge"
+    imports = []
+    for path in sorted(edge.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imports.append((path.name, node.module))
+            elif isinstance(node, ast.Import):
+                imports += [(path.name, a.name) for a in node.names]
+    assert ("conversion.py", "npudist.edge.rknn_runtime") in imports  # the walk sees function-level imports
+    assert [i for i in imports if i[1].startswith("npudist.infer")] == []

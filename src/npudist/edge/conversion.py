@@ -130,7 +130,7 @@ def convert(model: Any, out: str | Path, *, input_shape: Sequence[int] | None = 
     unless ``input_shape`` is given). ``held_out`` defaults to 64 standard-normal samples, which checks the
     conversion, not the task: give real held-out data for a task accuracy.
     """
-    from npudist.infer.runners import RKNNSimulatorRunner
+    from npudist.edge.rknn_runtime import RKNNSimulatorRunner
 
     out = Path(out)
     if out.suffix != ".rknn":
