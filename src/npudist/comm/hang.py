@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from npudist.comm import rank_states
+from npudist.comm.progress_store import BadRecord, Record, Records
 from npudist.comm.rank_states import Look
-from npudist.comm.watchdog import BadRecord, Record, Records
 from npudist.runtime.place import Place, iso, next_commands
 from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 

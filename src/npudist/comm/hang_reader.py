@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npudist.comm import hang, main_thread, rank_states, watchdog
+from npudist.comm import hang, main_thread, progress_store, rank_states, watchdog
+from npudist.comm.progress_store import Records, parse_record
 from npudist.comm.rank_states import Look
-from npudist.comm.watchdog import Records, parse_record
 from npudist.runtime import compat
 from npudist.runtime.report_file import write_report
 
@@ -75,7 +75,7 @@ class HangReader:
         self.wd, self.world, self.clock, self.sleep, self.standby = wd, world, clock, sleep, standby
         self._beat_at = -float("inf")
         self.tracker = hang.ProgressTracker(override_s=wd.hang_timeout_s)
-        self.keys = [watchdog._key(r) for r in range(world)]
+        self.keys = [progress_store._key(r) for r in range(world)]
         self.verdict: dict[str, Any] | None = None
         """The current stall's latest verdict (None while the job progresses)."""
         self._episode_since: float | None = None
@@ -129,7 +129,7 @@ class HangReader:
         beat = _heartbeat(store)
         if beat is not None and now - beat[0] < HEARTBEAT_STALE_S:
             return None  # rank 0's reader is alive: the verdict is its to give
-        if compat.store_has(store, watchdog.verdict_key()):
+        if compat.store_has(store, progress_store.verdict_key()):
             return None
         with self._lock:
             if self.verdict is not None:
@@ -181,10 +181,10 @@ class HangReader:
                 answered.add(me)
                 looks[me] = main_thread.look_at_main(self.wd.busy_phase, time.sleep)
             return answered, looks
-        gen = int(store.add(watchdog.ctl_key(), 0)) % watchdog.ABORT_STEP + 1
-        store.set(watchdog.answers_key(gen), "")
-        store.set(watchdog.want_key(), ",".join(map(str, others)))
-        store.add(watchdog.ctl_key(), 1)
+        gen = int(store.add(progress_store.ctl_key(), 0)) % watchdog.ABORT_STEP + 1
+        store.set(progress_store.answers_key(gen), "")
+        store.set(progress_store.want_key(), ",".join(map(str, others)))
+        store.add(progress_store.ctl_key(), 1)
         if me in ranks:  # this rank looks at itself while the others answer
             answered.add(me)
             mine = main_thread.look_at_main(self.wd.busy_phase, time.sleep)
@@ -192,12 +192,12 @@ class HangReader:
             self.sleep(max(0.0, watchdog.PUBLISH_INTERVAL_S * ANSWER_PERIODS - mine.span_s))
         else:
             self.sleep(watchdog.PUBLISH_INTERVAL_S * ANSWER_PERIODS)
-        got = {int(x) for x in store.get(watchdog.answers_key(gen)).decode().split(",") if x.strip().isdigit()}
+        got = {int(x) for x in store.get(progress_store.answers_key(gen)).decode().split(",") if x.strip().isdigit()}
         got &= set(others)
         answered |= got
         if got:
             order = sorted(got)
-            for r, raw in zip(order, store.multi_get([watchdog.stack_key(r) for r in order]), strict=True):
+            for r, raw in zip(order, store.multi_get([progress_store.stack_key(r) for r in order]), strict=True):
                 looks[r] = rank_states.parse_look(raw)
         return answered, looks
 
@@ -230,7 +230,7 @@ class HangReader:
             return found, answered, looks
         blocks = {r // per_node for r in silent}
         near = [r for r in found.waiting if r // per_node in blocks]
-        who = watchdog.read_who(self.wd._connect(), silent[:watchdog.WHO_AT_MOST // 2] + near)
+        who = progress_store.read_who(self.wd._connect(), silent[:progress_store.WHO_AT_MOST // 2] + near)
         hosts = {who[r][0] for r in silent if r in who}
         mates = [r for r in near if r in who and who[r][0] in hosts]
         if not mates:
@@ -254,7 +254,7 @@ class HangReader:
             if self.tracker.update(now, self.read()) is None:
                 self.verdict, self._episode_since = None, None
                 return
-        places = watchdog.read_places(self.wd._connect(), found.ranks)
+        places = progress_store.read_places(self.wd._connect(), found.ranks)
         who = {r: (p.host or "", p.pid or 0) for r, p in places.items()}
         verdict = hang.judge(records, found, answered, looks, now=self.clock(), stalled_s=stalled,
                              bound_s=self.tracker.bound_s, cause=cause, who=places, processes=local_processes(who),
@@ -283,14 +283,14 @@ class HangReader:
         if verdict is None:
             return
         try:
-            self.wd._connect().set(watchdog.verdict_key(), json.dumps(verdict))
+            self.wd._connect().set(progress_store.verdict_key(), json.dumps(verdict))
         except Exception as exc:
             log.debug("could not publish the hang verdict: %s", exc)
 
     def _write(self, verdict: dict[str, Any]) -> str | None:
         if not self.wd.run_dir:
             return None
-        path = Path(self.wd.run_dir) / f"hang-attempt{watchdog._attempt()}.json"
+        path = Path(self.wd.run_dir) / f"hang-attempt{progress_store._attempt()}.json"
         try:
             write_report(path, json.dumps(verdict, indent=1))
         except OSError as exc:
@@ -301,7 +301,7 @@ class HangReader:
     def _order_abort(self) -> None:
         self._publish(self.verdict)
         try:
-            self.wd._connect().add(watchdog.ctl_key(), watchdog.ABORT_STEP)
+            self.wd._connect().add(progress_store.ctl_key(), watchdog.ABORT_STEP)
         finally:
             me = self.wd.record.rank if self.wd.record is not None else 0
             stand_in = " (standing in for rank 0's silent reader)" if self.standby else ""
@@ -331,7 +331,7 @@ def local_processes(who: dict[int, tuple[str, int]]) -> dict[int, str]:
 
 
 def heartbeat_key() -> str:
-    return watchdog._key("reader-heartbeat")
+    return progress_store._key("reader-heartbeat")
 
 
 def _heartbeat(store: Any) -> tuple[float, float] | None:

@@ -17,8 +17,9 @@ from npudist.comm import constraints as _constraints
 from npudist.comm.buffers import BufferPool, LayoutCache
 from npudist.comm.constraints import Constraints
 from npudist.comm.hang_reader import HangReader
+from npudist.comm.progress_store import read_places
 from npudist.comm.recorder import CommStats, Recorder
-from npudist.comm.watchdog import Watchdog, read_places
+from npudist.comm.watchdog import Watchdog
 from npudist.runtime.place import Place
 from npudist.runtime.settings import Settings
 from npudist.runtime.state import Runtime, current, peek

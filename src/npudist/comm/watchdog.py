@@ -11,8 +11,9 @@ client the process group already holds (no extra connection per rank).
 The control counter carries two requests from the reader: a probe (the suspects' watchdog threads answer
 with two looks at their main thread, its CPU time and Python stack, which prove them alive and say whether
 they run: rank_states.py) and, after a verdict that may abort, the order to exit with HANG_EXIT_CODE.
-Each rank also publishes once where it runs (host, pid) for the verdicts, and ``busy(label)`` marks a phase
-in which the others' wait is expected.
+Each rank also publishes once where it runs (host, pid, local rank, accelerator) for the verdicts, and
+``busy(label)`` marks a phase in which the others' wait is expected. What goes into the store, under which
+keys, and how it is read back is progress_store.py's.
 
 When a collective fails (a timeout, a peer gone) the failing rank raises CollectiveHangError naming the
 op, its sequence number and the ranks that had and had not reached it: rank 0 from its reader's verdict,
@@ -28,27 +29,40 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch.distributed as dist
 
 from npudist.comm.abort_note import restart_note, write_error_file
 from npudist.comm.main_thread import look_at_main
+from npudist.comm.progress_store import (
+    BadRecord,
+    Record,
+    Records,
+    _key,
+    _published_verdict,
+    _where_i_run,
+    answers_key,
+    ctl_key,
+    parse_record,
+    read_who,
+    shared_store,
+    stack_key,
+    verdict_key,
+    want_key,
+    who_key,
+)
 from npudist.runtime import compat
-from npudist.runtime.place import Place, from_doc
 from npudist.runtime.report_file import write_report
-from npudist.runtime.state import peek
 
 log = logging.getLogger("npudist.comm")
 PUBLISH_INTERVAL_S = 1.0
@@ -75,106 +89,6 @@ class CollectiveHangError(RuntimeError):
     def __init__(self, message: str, report: dict[str, Any]) -> None:
         super().__init__(message)
         self.report = report
-
-
-@dataclass
-class Record:
-    rank: int
-    seq: int = 0
-    step: int = 0
-    """DDP forward passes with gradients so far (ddp.py): the rank's training step."""
-    op: str = ""
-    nbytes: int = 0
-    state: str = "idle"
-    """entered (waiting inside the collective), done, or closed (npudist.shutdown() ran after it)."""
-    wall_time: float = 0.0
-
-
-@dataclass(frozen=True)
-class BadRecord:
-    """A store record that is not a Record (wrong JSON, wrong field types): reported, never trusted."""
-
-    reason: str
-
-
-_FIELD_TYPES = MappingProxyType(
-    {"rank": int, "seq": int, "step": int, "op": str, "nbytes": int, "state": str, "wall_time": (int, float)})
-
-
-def parse_record(raw: bytes | str, rank: int) -> Record | BadRecord:
-    """Rank ``rank``'s published record, or BadRecord saying what is wrong with it (pure; never raises)."""
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        return BadRecord(f"not JSON: {str(exc)[:80]}")
-    if not isinstance(doc, dict) or set(doc) != set(_FIELD_TYPES):
-        return BadRecord(f"expected an object with {', '.join(_FIELD_TYPES)}")
-    wrong = [k for k, t in _FIELD_TYPES.items() if isinstance(doc[k], bool) or not isinstance(doc[k], t)]
-    if wrong or not math.isfinite(doc["wall_time"]):
-        return BadRecord(f"wrong type or value for {', '.join(wrong) or 'wall_time'}")
-    if doc["rank"] != rank:
-        return BadRecord(f"published for rank {rank} but names rank {doc['rank']}")
-    return Record(**doc)
-
-
-Records = dict[int, "Record | BadRecord | None"]
-
-
-def _attempt() -> str:
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-
-
-def _key(rank: int | str) -> str:
-    # A restarted job (torchrun --max-restarts) must not read records of the previous attempt.
-    return f"npudist/watchdog/{_attempt()}/{rank}"
-
-
-# The reader's keys, beside the records: the control counter, the probe's suspects, the answers of one
-# probe, a rank's stack, and the verdict.
-def ctl_key() -> str:
-    return _key("ctl")
-
-
-def want_key() -> str:
-    return _key("want")
-
-
-def answers_key(gen: int) -> str:
-    return _key(f"answers/{gen}")
-
-
-def stack_key(rank: int) -> str:
-    return _key(f"stack/{rank}")
-
-
-def verdict_key() -> str:
-    return _key("verdict")
-
-
-def who_key(rank: int) -> str:
-    return _key(f"who/{rank}")
-
-
-def _where_i_run() -> dict[str, Any]:
-    """What a rank publishes once about where it runs (runtime.place.Place's fields): its host and pid,
-    torchrun's LOCAL_RANK, and the accelerator row it detected."""
-    rt = peek()
-    local = os.environ.get("LOCAL_RANK", "")
-    return {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": int(local) if local.isdigit() else None,
-            "accelerator": getattr(rt.accelerator, "name", None) if rt is not None else None}
-
-
-def shared_store() -> Any:
-    """The process group's own store client (TCPStore behind prefixes), or None.
-
-    One client per rank is enough: the TCPStore client serialises its requests internally, and the
-    watchdog only issues calls that return at once (set, add, append, and gets of keys known to exist).
-    """
-    get = getattr(dist.distributed_c10d, "_get_default_store", None)
-    try:
-        return get() if get is not None and dist.is_initialized() else None
-    except (RuntimeError, ValueError):
-        return None
 
 
 def reached(records: Records, seq: int) -> tuple[list[int], list[int]]:
@@ -527,41 +441,3 @@ def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
     if isinstance(rec, BadRecord):
         return {"bad_record": rec.reason}
     return asdict(rec) if rec is not None else None
-
-
-WHO_AT_MOST = 64
-"""Ranks whose host and pid one report looks up (a line names a few; the rest are in the records)."""
-
-
-def read_places(store: Any, ranks: list[int]) -> dict[int, Place]:
-    """Where ``ranks`` said at their start that they run (host, pid, local rank, accelerator): one ``check``
-    and one ``multi_get``, and nothing when some key is missing (a rank that never started) or the store
-    fails."""
-    out: dict[int, Place] = {}
-    ranks = ranks[:WHO_AT_MOST]
-    keys = [who_key(r) for r in ranks]
-    try:
-        if store is None or not keys or not compat.store_has_all(store, keys):
-            return out
-        for r, raw in zip(ranks, store.multi_get(keys), strict=True):
-            doc = json.loads(raw)
-            if isinstance(doc, dict) and isinstance(doc.get("host"), str) and isinstance(doc.get("pid"), int):
-                out[r] = from_doc(doc)
-    except Exception as exc:  # names are a courtesy: the report stands without them
-        log.debug("where the ranks run is not readable: %s", exc)
-    return out
-
-
-def read_who(store: Any, ranks: list[int]) -> dict[int, tuple[str, int]]:
-    """(host, pid) of ``ranks``, from read_places."""
-    return {r: (p.host or "", p.pid or 0) for r, p in read_places(store, ranks).items()}
-
-
-def _published_verdict(store: Any) -> dict[str, Any] | None:
-    try:
-        if compat.store_has(store, verdict_key()):
-            doc = json.loads(store.get(verdict_key()))
-            return doc if isinstance(doc, dict) else None
-    except Exception as exc:  # the abort goes on without the culprit's name
-        log.debug("verdict not readable: %s", exc)
-    return None
