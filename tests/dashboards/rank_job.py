@@ -6,6 +6,8 @@ CPU keeps no allocator statistics, so the ranks report a fixed caching-allocator
 (64 MiB reserved; 56 MiB allocated on rank 0, 40 MiB on rank 1: fragmentation 0.125 and 0.375).
 The ranks locate their chips through the fake npu-smi on PATH (`info -m` recording: npu:0 is NPU 3,
 npu:1 is NPU 4), so their metrics carry the device/chip labels the node exporter's 8 NPUs have.
+Launched with --peer-snapshots, each rank sends its model's state to its partner's holder every K steps, as
+examples/train_ddp.py does, so the in-memory copy metrics have samples.
 """
 
 import os
@@ -19,6 +21,7 @@ from torch import nn
 import npudist
 import npudist.comm as comm
 import npudist.telemetry
+from npudist import checkpoint
 
 MIB = 1 << 20
 
@@ -37,8 +40,11 @@ shim = types.SimpleNamespace(rank=ctx.rank, local_rank=ctx.local_rank, device=ct
 tel = npudist.telemetry.serve_rank_metrics(shim, device_source="npu-smi")
 timer = tel.step_timer(exchange_every=3, op_every=6)
 model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.Softmax(-1))
+peer = checkpoint.peer_snapshots(ctx.rank, ctx.world_size, ctx.local_world_size)
 deadline = time.monotonic() + 150
+step = 0
 while True:
+    step += 1
     stop = torch.tensor([float(os.path.exists(sys.argv[1]) or time.monotonic() > deadline)])
     if comm.all_reduce(stop, op="max").item():
         break
@@ -49,5 +55,7 @@ while True:
         comm.all_reduce(torch.ones(16, 8).t())  # not contiguous: counted as a "contiguous" adaptation
         comm.all_reduce(torch.ones(64), async_op=True).wait()
         time.sleep(0.3 if ctx.rank == 1 else 0.0)
+    if peer is not None and peer.due(step):
+        peer.snapshot({"model": model.state_dict(), "step": step}, step)
 tel.close()
 npudist.shutdown()

@@ -63,7 +63,7 @@ def stack(tmp_path_factory):
         base, targets, stop = free_pair(), tmp / "sd" / "npudist.json", tmp / "stop"
         launch = subprocess.Popen(
             [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
-             "--targets-file", str(targets), str(RANK_JOB), str(stop)],
+             "--targets-file", str(targets), "--peer-snapshots", "3", str(RANK_JOB), str(stop)],
             env=child_env({"PATH": fakes_path()}), cwd=REPO,
             stdout=(tmp / "launch.log").open("w"), stderr=subprocess.STDOUT)
         procs.append(launch)
@@ -113,9 +113,13 @@ def test_every_panel_query_returns_data(stack):
     for expr in ("npudist:op_duration_seconds:p95", "npudist:collective_busbw_bytes_per_second",
                  "npudist:node_device_frequency_hertz:min", "npudist_collector_errors_total",
                  "npudist_straggler_rank", "npudist:device_rank:info", "npudist_link_up",
-                 "npudist_link_optical_rx_power_watts", "npudist_device_alarm_level"):
+                 "npudist_link_optical_rx_power_watts", "npudist_device_alarm_level",
+                 "npudist_peer_snapshot_age_steps"):
         _wait_for(stack, expr, 60)
     straggler = _series(stack, "max(npudist_straggler_rank)")[0]["value"][1]
+    # launched with --peer-snapshots 3: each rank says so, and a healthy job's copies are fresh
+    assert {s["value"][1] for s in _series(stack, "npudist_peer_snapshot_interval_steps")} == {"3"}
+    assert _series(stack, next(a.expr for a in ALERTS if a.name == "NpudistNoFreshPeerSnapshot")) == []
     empty = []
     for d in DASHBOARDS:
         for p in d.panels:

@@ -56,6 +56,8 @@ class PeerStats:
     age_steps: int = 0
     """Steps the training loop ran since the newest copy the partner's holder accepted (all of them if none)."""
     recoveries: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    every: int = 0
+    """Steps between snapshots (``--peer-snapshots K``): an age past 2K means two snapshots in a row missed."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class PeerSnapshots:
             s = self.stats
             base = s.last_step if s.last_step >= 0 else self._start
             return PeerStats(s.snapshots, s.last_step, s.bytes, s.blocking_seconds, s.failures, s.skipped,
-                             max(0, self._step - base), dict(s.recoveries))
+                             max(0, self._step - base), dict(s.recoveries), every=self.every)
 
     def snapshot(self, state: Any, step: int) -> float:
         """Stage ``state`` now and send it to the partner's holder in the background; returns the seconds

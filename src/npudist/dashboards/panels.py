@@ -337,6 +337,18 @@ TRAINING = Dashboard(
               thresholds=((0, "green"), (1, "red")),
               description="Failed checkpoint writes in the last 10 minutes; NpudistCheckpointFailed fires on any. "
                           "Check disk space and the run directory's file system."),
+        Panel("In-memory copy age", "short", (
+            _q(f"npudist_peer_snapshot_age_steps{{{RANK_SEL}}}", "rank {{rank}}"),
+            _q(f"2 * npudist_peer_snapshot_interval_steps{{{RANK_SEL}}}", "alert line, rank {{rank}}")), width=6,
+              description="Steps since the newest copy of each rank's state its partner's node holds (npudist "
+                          "launch --peer-snapshots K): a sawtooth up to K-1. NpudistNoFreshPeerSnapshot fires "
+                          "once it stays above 2K, where a lost node would restart from disk. Empty with "
+                          "peer snapshots off."),
+        Panel("Restarts by source", "short", (
+            _q(f"sum by (source) (increase(npudist_recoveries_total{{{RANK_SEL}}}[1h]))", "{{source}}"),), width=6,
+              description="Resumes in the last hour by where the state came from: peer-memory (the partner "
+                          "node's copy), local-memory (this node's) or disk. Disk while peer snapshots are on "
+                          "means no in-memory copy survived."),
         Panel("Straggler's own device: utilization", "percentunit", (
             _q(f"npudist_device_utilization_ratio and on (node, device, chip) {_STRAGGLER}", _CHIP_LEGEND),),
               width=12,

@@ -273,6 +273,13 @@ ALERTS: tuple[Alert, ...] = (
           "A checkpoint write failed",
           f"{_WHERE} failed to write {{{{ $value }}}} checkpoint(s) in the last 10 minutes: a crash now would "
           "lose more work than planned."),
+    # The age runs up to K-1 between snapshots and to 2K-1 when one is skipped (the previous copy was still
+    # being sent): past 2K, copies stopped reaching the partner's node.
+    Alert("NpudistNoFreshPeerSnapshot",
+          "npudist_peer_snapshot_age_steps > 2 * npudist_peer_snapshot_interval_steps", "5m", "P2",
+          "No fresh in-memory copy: a lost node would restart from disk",
+          f"{_WHERE}: the newest copy of its state on its partner's node is {{{{ $value }}}} steps old; a node "
+          "lost now restarts from the disk checkpoint, losing up to --checkpoint-every steps."),
     Alert("NpudistTrainingStalled",
           f"increase(npudist_steps_total[{WINDOW}]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "5m", "P1",
           "Training stalled: no step for 5 minutes while the job is up",

@@ -296,6 +296,10 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Steps run since the newest in-memory copy of this rank's state that its partner's node holds "
               "(npudist launch --peer-snapshots K); a restart now would lose this many.", RANK_LABELS,
               "npudist.checkpoint.stats()"),
+    MetricDef("npudist_peer_snapshot_interval_steps", "gauge", "",
+              "Steps between this rank's in-memory snapshots (K of npudist launch --peer-snapshots K): the age "
+              "above goes up to K-1 between snapshots, and past 2K only when copies stopped reaching the partner.",
+              RANK_LABELS, "npudist.checkpoint.stats()"),
     MetricDef("npudist_peer_snapshot_bytes", "gauge", "bytes",
               "Size of this rank's newest in-memory copy (its partner's node holds up to two).", RANK_LABELS,
               "npudist.checkpoint.stats()"),

@@ -35,7 +35,8 @@ class CheckpointCollector:
             counts = (int(s.bytes), int(s.inflight), int(s.waits), int(s.failures))
             peer = getattr(s, "peer", None)
             peer_values = None if peer is None else (
-                (int(peer.age_steps), int(peer.bytes), float(peer.blocking_seconds), int(peer.failures)),
+                (int(peer.age_steps), int(peer.every), int(peer.bytes), float(peer.blocking_seconds),
+                 int(peer.failures)),
                 {str(k): int(v) for k, v in peer.recoveries.items()})
         except Exception:
             self.health.error(NAME, "error", time.monotonic() - began)
@@ -54,8 +55,9 @@ class CheckpointCollector:
             yield fam
         if peer_values is None:
             return
-        for name, value in zip(("npudist_peer_snapshot_age_steps", "npudist_peer_snapshot_bytes",
-                                "npudist_peer_snapshot_blocking_seconds_total", "npudist_peer_snapshot_failures_total"),
+        for name, value in zip(("npudist_peer_snapshot_age_steps", "npudist_peer_snapshot_interval_steps",
+                                "npudist_peer_snapshot_bytes", "npudist_peer_snapshot_blocking_seconds_total",
+                                "npudist_peer_snapshot_failures_total"),
                                peer_values[0], strict=True):
             fam = family(name)
             fam.add_metric(self.labels, value)
