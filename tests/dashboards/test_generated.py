@@ -106,16 +106,16 @@ def test_rank_and_node_exporter_down_are_separate_alerts():
     assert "and on (job)" in by_name["NpudistRankDown"].expr  # only while the job's other ranks are up
 
 
-def test_alerts_and_docs_use_the_catalogue_thresholds():
+def test_alerts_and_docs_use_the_shared_thresholds():
     import re
 
     from npudist.dashboards import rules
-    from npudist.telemetry.exposition import catalogue
+    from npudist.telemetry.exposition import thresholds
     from tests.conftest import REPO
 
     by_alert = {a.name: a for a in rules.ALERTS}
     docs = (REPO / "docs" / "dashboards.md").read_text() + (REPO / "docs" / "runbook.md").read_text()
-    for t in catalogue.THRESHOLDS.values():
+    for t in thresholds.THRESHOLDS.values():
         alert = by_alert[t.alert]
         assert re.search(rf"> {re.escape(f'{t.value:g}')}\)?$", alert.expr), alert.expr
         assert alert.for_ == t.for_ and t.for_words in alert.summary
@@ -126,7 +126,7 @@ def test_alerts_and_docs_use_the_catalogue_thresholds():
                 "telemetry/job/step_timer.py"):
         text = (src / rel).read_text()
         for literal in ("0.12", "0.30", "0.3 ", "0.0008", "800 us", "> 10", "> 8", "30 %"):
-            assert literal not in text, f"{rel} repeats threshold {literal!r}: read catalogue.THRESHOLDS"
+            assert literal not in text, f"{rel} repeats threshold {literal!r}: read thresholds.THRESHOLDS"
 
 
 def test_every_panel_has_a_description():
@@ -136,7 +136,7 @@ def test_every_panel_has_a_description():
 
 def test_thresholds_bounds_links_and_full_rows():
     from npudist.dashboards.limits import LIMITS
-    from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE, THRESHOLDS
+    from npudist.telemetry.exposition.thresholds import SKEW_REFERENCE, THRESHOLDS
 
     docs = {json.loads(t)["uid"]: json.loads(t) for p, t in files().items() if p.startswith("grafana/")}
     panels = {(uid, p["title"]): p for uid, d in docs.items() for p in d["panels"]}

@@ -121,15 +121,15 @@ def test_notes_table_is_generated_from_the_catalogue():
 
 
 def test_readme_threshold_table_is_generated_from_the_catalogue():
-    from npudist.telemetry.exposition.catalogue import thresholds_table
+    from npudist.telemetry.exposition.thresholds import thresholds_table
 
     text = (NOTES.parent / "observing.md").read_text()
     table = text.split("<!-- threshold-table:begin -->\n", 1)[1].split("<!-- threshold-table:end -->", 1)[0]
-    assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue --thresholds"
+    assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.thresholds"
 
 
 def test_the_straggler_alert_follows_the_jobs_own_flag():
-    from npudist.telemetry.exposition.catalogue import THRESHOLDS
+    from npudist.telemetry.exposition.thresholds import THRESHOLDS
 
     t = THRESHOLDS["straggler"]
     assert t.metric == "npudist_rank_straggler" and catalogue.BY_NAME[t.metric].type == "gauge"

@@ -13,7 +13,7 @@ from typing import Any
 
 from npudist.dashboards.limits import LIMITS
 from npudist.dashboards.panels import Dashboard, Panel, Variable
-from npudist.telemetry.exposition.catalogue import THRESHOLDS
+from npudist.telemetry.exposition.thresholds import THRESHOLDS
 
 SCHEMA_VERSION = 39
 DATASOURCE = MappingProxyType({"type": "prometheus", "uid": "${datasource}"})

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE
-from npudist.telemetry.exposition.catalogue import THRESHOLDS as _T
+from npudist.telemetry.exposition.thresholds import SKEW_REFERENCE
+from npudist.telemetry.exposition.thresholds import THRESHOLDS as _T
 
 GRAFANA_UNITS = frozenset({"watt", "bytes", "celsius", "percentunit", "s", "Bps", "hertz", "ops", "short",
                            "none"})
@@ -45,7 +45,7 @@ class Panel:
     no_value: str = ""
     """What the panel shows when its query returns nothing (Grafana's ``noValue``); "" = Grafana's default."""
     thresholds: tuple[tuple[float, str], ...] | None = None
-    """(value, colour) steps; None: derived by grafana.py from the catalogue's THRESHOLDS and the
+    """(value, colour) steps; None: derived by grafana.py from thresholds.py's THRESHOLDS and the
     temperature limits for the metrics the queries read."""
     bounds: tuple[float | None, float | None] | None = None
     """(min, max) of the axis; None: 0-1 for ratios (percentunit), else Grafana's automatic range."""

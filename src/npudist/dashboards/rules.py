@@ -1,6 +1,6 @@
 """Prometheus alerting and recording rules as data, rendered to one rules file.
 
-Thresholds come from the catalogue's THRESHOLDS (backlog, straggler, fragmentation, matmul time; shared with the
+Thresholds come from thresholds.py's THRESHOLDS (backlog, straggler, fragmentation, matmul time; shared with the
 job's own checks and the README) or from ``limits.py``. Each
 alert carries two labels: ``severity`` in the kube-prometheus vocabulary that Alertmanager routes match on
 (critical, warning, info; https://runbooks.prometheus-operator.dev/) and ``priority`` (P1 page now, P2 look
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from npudist.dashboards.limits import over_limit_expr
-from npudist.telemetry.exposition.catalogue import THRESHOLDS
+from npudist.telemetry.exposition.thresholds import THRESHOLDS
 
 RUNBOOK = "docs/runbook.md"
 RUNBOOK_URL = "https://github.com/npudist/npudist/blob/main/docs/runbook.md"

@@ -16,7 +16,7 @@ from typing import Any
 from npudist.report import verdicts
 from npudist.report.records import Problem, RunFile, RunRecords
 from npudist.report.verdicts import Verdict
-from npudist.telemetry.exposition.catalogue import SKEW_REFERENCE
+from npudist.telemetry.exposition.thresholds import SKEW_REFERENCE
 
 SKEW_THRESHOLD = SKEW_REFERENCE
 WORST_WINDOWS = 10
