@@ -10,7 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from npudist.doctor import FAIL, OK, SKIP, WARN, CheckResult, Host, as_document, checks, exit_code, run_checks
+from npudist.doctor import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    CheckResult,
+    Host,
+    as_document,
+    ascend,
+    checks,
+    exit_code,
+    host_limits,
+    network,
+    processes,
+    run_checks,
+)
 from tests.conftest import FAKES, child_env, fakes_path, run_npudist
 
 
@@ -32,24 +47,24 @@ def _script(folder: Path, name: str, body: str) -> None:
 
 def test_shm_below_one_gib_warns_with_the_container_fix(tmp_path):
     (tmp_path / "dev/shm").mkdir(parents=True)
-    small = checks.shm(_host(root=tmp_path, fs_size=lambda p: 64 << 20))
+    small = host_limits.shm(_host(root=tmp_path, fs_size=lambda p: 64 << 20))
     assert small.status == WARN and "0.06 GiB" in small.finding and "--shm-size" in small.fix
-    big = checks.shm(_host(root=tmp_path, fs_size=lambda p: 8 << 30))
+    big = host_limits.shm(_host(root=tmp_path, fs_size=lambda p: 8 << 30))
     assert big.status == OK
-    assert checks.shm(_host(root=tmp_path / "nothing")).status == SKIP
+    assert host_limits.shm(_host(root=tmp_path / "nothing")).status == SKIP
 
 
 def test_open_files_limit():
-    low = checks.open_files(_host(nofile=lambda: (1024, 4096)))
+    low = host_limits.open_files(_host(nofile=lambda: (1024, 4096)))
     assert low.status == WARN and "1024" in low.finding and low.fix.startswith("ulimit -n 4096")
     assert "hard limit is 4096" in low.fix  # 4096 is not enough either: say how to raise the hard limit
-    assert checks.open_files(_host(nofile=lambda: (1048576, 1048576))).status == OK
-    roomy = checks.open_files(_host(nofile=lambda: (1024, 1048576)))
+    assert host_limits.open_files(_host(nofile=lambda: (1048576, 1048576))).status == OK
+    roomy = host_limits.open_files(_host(nofile=lambda: (1024, 1048576)))
     assert roomy.fix.startswith("ulimit -n 65536")
 
 
 def test_open_files_at_the_hard_limit_names_the_hard_limit_not_a_useless_ulimit():
-    stuck = checks.open_files(_host(nofile=lambda: (20000, 20000)))
+    stuck = host_limits.open_files(_host(nofile=lambda: (20000, 20000)))
     assert stuck.status == WARN and not stuck.fix.startswith("ulimit -n 20000")
     assert "hard limit is 20000" in stuck.fix and "limits.conf" in stuck.fix and "--ulimit nofile=" in stuck.fix
 
@@ -73,11 +88,11 @@ def test_master_addr_unresolvable_fails_and_busy_port_warns():
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        got = _by_name(checks.master_addr(_host(env={"MASTER_ADDR": "node-zero", "MASTER_PORT": str(port)},
+        got = _by_name(network.master_addr(_host(env={"MASTER_ADDR": "node-zero", "MASTER_PORT": str(port)},
                                                 resolve=no_dns)))
     assert got["master-addr"].status == FAIL and "node-zero does not resolve" in got["master-addr"].finding
     assert got["master-port"].status == WARN and f"MASTER_PORT={port} is in use" in got["master-port"].finding
-    ok = _by_name(checks.master_addr(_host(env={"MASTER_ADDR": "h", "MASTER_PORT": "http"},
+    ok = _by_name(network.master_addr(_host(env={"MASTER_ADDR": "h", "MASTER_PORT": "http"},
                                            resolve=lambda n: ["10.0.0.7"])))
     assert ok["master-addr"].status == OK and "10.0.0.7" in ok["master-addr"].finding
     assert ok["master-port"].status == FAIL
@@ -99,7 +114,7 @@ IFACES = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"], "eth1": ["10.0.1.5"], "ib0"
     ],
 )
 def test_network_interface_variables(var, value, status, text):
-    got = _by_name(checks.network_interfaces(_host(env={var: value}, interfaces=lambda: IFACES)))[var]
+    got = _by_name(network.network_interfaces(_host(env={var: value}, interfaces=lambda: IFACES)))[var]
     assert got.status == status and text in got.finding
 
 
@@ -111,14 +126,14 @@ def test_network_interface_variables(var, value, status, text):
 def test_hccl_connect_timeout(value, status, text):
     env = {"ASCEND_HOME_PATH": "/usr/local/Ascend/ascend-toolkit/latest"}
     env |= {} if value is None else {"HCCL_CONNECT_TIMEOUT": value}
-    got = _by_name(checks.hccl_timeouts(_host(env=env)))["HCCL_CONNECT_TIMEOUT"]
+    got = _by_name(ascend.hccl_timeouts(_host(env=env)))["HCCL_CONNECT_TIMEOUT"]
     assert got.status == status and text in got.finding
 
 
 def test_hccl_settings_are_not_applicable_without_an_npu():
-    got = _by_name(checks.hccl_timeouts(_host(env={"PATH": ""})))
+    got = _by_name(ascend.hccl_timeouts(_host(env={"PATH": ""})))
     assert {r.status for r in got.values()} == {SKIP} and "n/a: no NPU" in got["HCCL_EXEC_TIMEOUT"].finding
-    set_anyway = _by_name(checks.hccl_timeouts(_host(env={"HCCL_CONNECT_TIMEOUT": "60"})))["HCCL_CONNECT_TIMEOUT"]
+    set_anyway = _by_name(ascend.hccl_timeouts(_host(env={"HCCL_CONNECT_TIMEOUT": "60"})))["HCCL_CONNECT_TIMEOUT"]
     assert set_anyway.status == FAIL  # a value that is set is still checked
 
 
@@ -135,24 +150,24 @@ def _cann_tree(tmp_path: Path, with_lib: bool) -> dict[str, str]:
 
 
 def test_ascend_env_reads_the_toolkit_version(tmp_path):
-    got = checks.ascend_env(_host(env=_cann_tree(tmp_path, with_lib=True)))
+    got = ascend.ascend_env(_host(env=_cann_tree(tmp_path, with_lib=True)))
     assert got.status == OK and "CANN 8.0.RC1" in got.finding
 
 
 def test_ascend_env_without_runtime_libraries_fails(tmp_path):
-    got = checks.ascend_env(_host(env=_cann_tree(tmp_path, with_lib=False)))
+    got = ascend.ascend_env(_host(env=_cann_tree(tmp_path, with_lib=False)))
     assert got.status == FAIL and "libascendcl.so" in got.finding and "set_env.sh" in got.fix
 
 
 def test_ascend_env_pointing_nowhere_fails(tmp_path):
-    got = checks.ascend_env(_host(env={"ASCEND_TOOLKIT_HOME": str(tmp_path / "gone")}))
+    got = ascend.ascend_env(_host(env={"ASCEND_TOOLKIT_HOME": str(tmp_path / "gone")}))
     assert got.status == FAIL and "does not exist" in got.finding
 
 
 def test_toolkit_version_formats():
-    assert checks.parse_toolkit_version("Version=7.0.0.5.242\n") == "7.0.0.5.242"
-    assert checks.parse_toolkit_version("runtime_running_version=[7.0.0:7.0]\nversion=[6.3.RC2:6.3]") == "6.3.RC2"
-    assert checks.parse_toolkit_version("nothing here") is None
+    assert ascend.parse_toolkit_version("Version=7.0.0.5.242\n") == "7.0.0.5.242"
+    assert ascend.parse_toolkit_version("runtime_running_version=[7.0.0:7.0]\nversion=[6.3.RC2:6.3]") == "6.3.RC2"
+    assert ascend.parse_toolkit_version("nothing here") is None
 
 
 def test_vendor_tools_and_processes_from_a_fake_nvidia_smi(tmp_path):
@@ -162,13 +177,13 @@ def test_vendor_tools_and_processes_from_a_fake_nvidia_smi(tmp_path):
     tools = _by_name(checks.vendor_tools(host))
     assert tools["tool:nvidia-smi"].status == OK and str(tmp_path / "bin") in tools["tool:nvidia-smi"].finding
     assert tools["tool:npu-smi"].status == SKIP
-    procs = _by_name(checks.device_processes(host))["processes:nvidia-smi"]
+    procs = _by_name(processes.device_processes(host))["processes:nvidia-smi"]
     assert procs.status == WARN and "4242 (python3)" in procs.finding and "777 (/usr/bin/vllm)" in procs.finding
 
 
 def test_a_vendor_tool_that_fails_is_a_warning_not_a_crash(tmp_path):
     _script(tmp_path / "bin", "nvidia-smi", "import sys; print('NVIDIA-SMI has failed', file=sys.stderr); sys.exit(9)")
-    procs = _by_name(checks.device_processes(_host(env={"PATH": str(tmp_path / "bin")})))["processes:nvidia-smi"]
+    procs = _by_name(processes.device_processes(_host(env={"PATH": str(tmp_path / "bin")})))["processes:nvidia-smi"]
     assert procs.status == WARN and "exited 9" in procs.finding
 
 
@@ -240,20 +255,20 @@ def _fake_npu_smi_host(recording: str, **env) -> Host:
 def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch, fakes_first):
     # The fake npu-smi reads its mode from the process environment it inherits.
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/910b2c-23.0.2.1-with-processes.txt"))
-    got = _by_name(checks.device_processes(_fake_npu_smi_host("910b2c-23.0.2.1-with-processes.txt")))
+    got = _by_name(processes.device_processes(_fake_npu_smi_host("910b2c-23.0.2.1-with-processes.txt")))
     assert got["processes:npu-smi"].status == WARN
     assert "124528 (python3.8)" in got["processes:npu-smi"].finding  # row "| 0  0 | 124528 | python3.8 |"
 
 
 def test_no_process_on_the_npus_is_ok(monkeypatch, fakes_first):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/310-23.0.0-no-processes.txt"))
-    got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
+    got = _by_name(processes.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == OK
 
 
 def test_npu_smi_printing_garbage_is_a_warning(monkeypatch, fakes_first):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "garbage")
-    got = _by_name(checks.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
+    got = _by_name(processes.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == WARN and "could not read npu-smi" in got["processes:npu-smi"].finding
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from npudist.doctor import (
-    ascend_network,  # noqa: F401  (registers the Ascend NIC checks)
-    multinode,  # noqa: F401  (registers the route-to-master checks)
-)
+import importlib
+
 from npudist.doctor.checks import CHECKS
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, STATUSES, WARN, CheckResult
 from npudist.runtime.settings import SettingsError
+
+AREAS = ("host_limits", "network", "multinode", "ascend", "ascend_network", "processes")
+"""Modules that register their area's checks on import, after checks.py's own; this is the report's order."""
+for _area in AREAS:
+    importlib.import_module(f"npudist.doctor.{_area}")
 
 
 def run_checks(host: Host | None = None) -> list[CheckResult]:
