@@ -7,17 +7,15 @@ know (how many devices this accelerator has, a free port on a single node) and m
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
-import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from npudist import launch_multinode as multinode
+from npudist import launch_scope as scope
 from npudist.accelerators import Accelerator
 from npudist.launch_options import USAGE, parser
 from npudist.runtime import network
@@ -360,90 +358,6 @@ def _plan_mpi(ns: argparse.Namespace, head: list[str], tail: list[str], env: Map
                       script=None if ns.module or ns.no_python else script)
 
 
-_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-_STOP_CHATTER = MappingProxyType({
-    "torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
-    "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s",
-})
-"""torchrun's warnings while it stops the ranks on a signal the user sent: the ranks say where they stopped
-(one line), so these lines (one per rank) only repeat that a stop was asked for."""
-
-
-def _not_stop_chatter(record: logging.LogRecord) -> bool:
-    return record.msg != _STOP_CHATTER.get(record.name)
-
-
-@contextlib.contextmanager
-def _quiet_stop() -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in _STOP_CHATTER]
-    for lg in loggers:
-        lg.addFilter(_not_stop_chatter)
-    try:
-        yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(_not_stop_chatter)
-
-
-@contextlib.contextmanager
-def _published(the_plan: LaunchPlan) -> Iterator[None]:
-    """The targets file lists the ranks while they run and is emptied (``[]``) however the job ends.
-
-    An empty list, not a deleted file: Prometheus file_sd drops the ranks' targets at its next read, so a
-    job that ended pages no one, and the scrape config stays valid for the next job (the sbatch script
-    does the same with a trap, deploy/slurm.py).
-    """
-    if not the_plan.targets_file:
-        yield
-        return
-    from npudist.telemetry.exposition.targets import write_targets
-
-    write_targets(the_plan.targets_file, the_plan.targets)
-    try:
-        yield
-    finally:
-        write_targets(the_plan.targets_file, [])
-
-
-@contextlib.contextmanager
-def _holder(the_plan: LaunchPlan) -> Iterator[None]:
-    """This node's peer snapshot holder while the agent runs (--peer-snapshots); the ranks find it through
-    NPUDIST_PEER_HOLDER. It lives in this process because torchrun restarts workers as new processes."""
-    if the_plan.peer_snapshots is None:
-        yield
-        return
-    from npudist.checkpoint import peer, peer_holder
-
-    with peer_holder.serving(the_plan.peer_bind) as server:
-        os.environ[peer.HOLDER_VAR] = server.address
-        os.environ[peer.EVERY_VAR] = str(the_plan.peer_snapshots)
-        print(f"npudist launch: peer snapshots every {the_plan.peer_snapshots} steps; this node's holder "
-              f"serves {server.address}", file=sys.stderr, flush=True)
-        yield
-
-
-@contextlib.contextmanager
-def _stop_signals_raise() -> Iterator[None]:
-    """SIGTERM/SIGINT/SIGHUP raise torchrun's SignalException from the first moment, not only once its agent
-    has started the workers (it installs the same handler then): the default action would end this
-    process without running the clean-up above."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    def _raise(signum: int, _frame: object) -> None:
-        sig = signal.Signals(signum)
-        raise SignalException(f"npudist launch got {sig.name}", sigval=sig)
-
-    saved = {}
-    for name in _STOP_SIGNALS:
-        sig = getattr(signal, name)
-        saved[sig] = signal.signal(sig, _raise)
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
 def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
     """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script.
 
@@ -468,7 +382,7 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
     from torch.distributed.run import main as torchrun_main
 
     try:
-        with _stop_signals_raise(), _quiet_stop(), _published(the_plan), _holder(the_plan):
+        with scope.stop_signals_raise(), scope.quiet_stop(), scope.published(the_plan), scope.peer_holder(the_plan):
             torchrun_main(the_plan.torchrun_argv)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
