@@ -189,8 +189,13 @@ def test_a_finished_job_empties_its_targets_and_pages_no_one(tmp_path):
         launch.wait(timeout=90)
         assert launch.returncode == 0, (tmp_path / "launch.log").read_text()[-3000:]
         assert json.loads(targets.read_text()) == []
-        time.sleep(6)  # file_sd re-reads every 1 s, rules evaluate every 1 s
+        # file_sd re-reads every 1 s, but Prometheus' discovery manager hands target changes to the scrape
+        # manager at most every 5 s (discovery/manager.go updatert), later on a loaded host: wait for it.
+        end = time.monotonic() + 60
+        while _series(prom, 'up{job="npudist"}') and time.monotonic() < end:
+            time.sleep(1)
         assert _series(prom, 'up{job="npudist"}') == []
+        time.sleep(2)  # two more rule evaluations (every 1 s) with the targets gone
         assert _series(prom, "ALERTS") == []
     finally:
         _stop(launch)
