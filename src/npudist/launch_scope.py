@@ -11,10 +11,16 @@ import signal
 import sys
 from collections.abc import Iterator
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from npudist.launch import LaunchPlan
+
+class LaunchPlan(Protocol):
+    """What these contexts read of launch.py's LaunchPlan (named here, not imported: launch imports this)."""
+
+    targets_file: str | None
+    targets: list[dict[str, object]]
+    peer_snapshots: int | None
+    peer_bind: str
 
 _STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 _STOP_CHATTER = MappingProxyType({

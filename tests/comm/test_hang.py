@@ -88,7 +88,7 @@ def test_a_verdict_at_scale_lists_a_few_ranks_in_its_line_and_all_in_the_report(
 
 
 def test_a_culprits_card_is_named_with_its_vendors_health_command_only_when_known():
-    from npudist.runtime.place import Place
+    from npudist.accelerators.place import Place
 
     records = {0: rec(0, 9, "entered"), 1: rec(1, 8), 2: rec(2, 9, "entered"), 3: rec(3, 8)}
     who = {1: Place(host="n2", pid=77, local_rank=1, accelerator="npu", card=5, chip=1),

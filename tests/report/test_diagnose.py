@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+from npudist.accelerators.place import Place
 from npudist.report.diagnose import diagnose, lines
-from npudist.runtime.place import Place
 from npudist.telemetry.job.skew import SkewReport
 from npudist.telemetry.job.straggler import StragglerDiagnosis
 from tests.report.runs import write_run

@@ -69,7 +69,7 @@ def test_written_after_n_flagged_windows_in_a_row_and_once_per_streak(tmp_path):
 
 
 def test_a_diagnosis_says_on_which_host_and_pid_the_straggler_runs(tmp_path):
-    from npudist.runtime.place import Place
+    from npudist.accelerators.place import Place
 
     asked = []
 

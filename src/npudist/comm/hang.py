@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from npudist.accelerators.place import Place, iso, next_commands
 from npudist.comm import rank_states
 from npudist.comm.progress_store import BadRecord, Record, Records
 from npudist.comm.rank_states import Look
-from npudist.runtime.place import Place, iso, next_commands
 from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 
 FLOOR_S = 10.0

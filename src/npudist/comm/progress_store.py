@@ -18,8 +18,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from npudist.accelerators.place import Place, from_doc
 from npudist.runtime import compat
-from npudist.runtime.place import Place, from_doc
 from npudist.runtime.state import peek
 
 log = logging.getLogger("npudist.comm")
@@ -104,7 +104,7 @@ def who_key(rank: int) -> str:
 
 
 def _where_i_run() -> dict[str, Any]:
-    """What a rank publishes once about where it runs (runtime.place.Place's fields): its host and pid,
+    """What a rank publishes once about where it runs (accelerators.place.Place's fields): its host and pid,
     torchrun's LOCAL_RANK, and the accelerator row it detected."""
     rt = peek()
     local = os.environ.get("LOCAL_RANK", "")

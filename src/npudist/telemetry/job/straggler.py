@@ -19,8 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from npudist.runtime.place import Place, iso, next_commands
-from npudist.runtime.place import where as place_text
+from npudist.accelerators.place import Place, iso, next_commands
+from npudist.accelerators.place import where as place_text
 from npudist.runtime.report_file import write_report
 from npudist.telemetry.job.skew import SkewReport
 
