@@ -9,6 +9,8 @@ each bucket in float32 and casts back. Nothing here calls npudist to compute an 
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import sys
 import time
@@ -115,13 +117,34 @@ def counting_allreduce(calls: list[int], bucket):
     return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
 
 
+SMALL_BUCKET_MB = 1e-4
+
+
+@contextlib.contextmanager
+def small_first_bucket():
+    """Several buckets per step on every torch: until DDP's ``bucket_cap_mb`` defaulted to None (an explicit cap
+    then bounds the first bucket too), the first bucket was capped by ``dist._DEFAULT_FIRST_BUCKET_BYTES``
+    (1 MiB) whatever ``bucket_cap_mb`` said, so this model's gradients made one bucket (torch 2.1)."""
+    if inspect.signature(DDP).parameters["bucket_cap_mb"].default is None:
+        yield
+        return
+    before = dist._DEFAULT_FIRST_BUCKET_BYTES
+    dist._DEFAULT_FIRST_BUCKET_BYTES = int(SMALL_BUCKET_MB * 1024 * 1024)
+    try:
+        yield
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = before
+
+
 def accounting(rank: int) -> dict:
     """Calls and bytes after 3 steps, with small buckets so there are several per step."""
     calls = [0]
-    plain = DDP(build(torch.float32), bucket_cap_mb=1e-4)
+    with small_first_bucket():
+        plain = DDP(build(torch.float32), bucket_cap_mb=SMALL_BUCKET_MB)
     plain.register_comm_hook(calls, counting_allreduce)
     train(plain, rank, torch.float32, steps=3)
-    model = npudist.ddp(build(torch.float32), bucket_cap_mb=1e-4)
+    with small_first_bucket():
+        model = npudist.ddp(build(torch.float32), bucket_cap_mb=SMALL_BUCKET_MB)
     comm.reset_stats()
     train(model, rank, torch.float32, steps=3)
     s = comm.stats().get("all_reduce")
@@ -137,10 +160,12 @@ def strict_bf16(rank: int) -> dict:
     comm.set_profile("hccl-strict")
     try:
         calls = [0]
-        ref = DDP(build(torch.bfloat16), bucket_cap_mb=1e-4)
+        with small_first_bucket():
+            ref = DDP(build(torch.bfloat16), bucket_cap_mb=SMALL_BUCKET_MB)
         ref.register_comm_hook(calls, fp32_reference)
         train(ref, rank, torch.bfloat16, steps=8, lr=0.05)
-        mine = npudist.ddp(build(torch.bfloat16), bucket_cap_mb=1e-4)
+        with small_first_bucket():
+            mine = npudist.ddp(build(torch.bfloat16), bucket_cap_mb=SMALL_BUCKET_MB)
         comm.reset_stats()
         losses = train(mine, rank, torch.bfloat16, steps=8, lr=0.05)
         kinds = comm.stats().get("all_reduce").adaptations
