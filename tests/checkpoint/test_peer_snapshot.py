@@ -5,6 +5,7 @@ runs under torchrun are in test_peer_restart.py.
 """
 
 import hashlib
+import io
 import threading
 
 import pytest
@@ -46,7 +47,7 @@ def test_holder_refuses_bytes_that_do_not_match_and_keeps_the_last_two():
     assert "sha256" in h.put(0, Copy(1, 2, hashlib.sha256(b"other").hexdigest(), good))
     for step in (1, 2, 3):
         assert h.put(0, Copy(step, 2, hashlib.sha256(good).hexdigest(), good)) is None
-    assert [s for s, _ in h.listing(0, 2)] == [2, 3]
+    assert [s for s, _, _ in h.listing(0, 2)] == [2, 3]
     assert h.listing(0, 4) == []  # another world size's copies are not offered
     assert h.listing(1, 2) == []
 
@@ -88,6 +89,43 @@ def test_disk_is_used_when_it_is_newer_or_the_holder_is_gone(runtime, tmp_path):
     found = peer_mod.restore(tmp_path, p)
     assert (found.step, found.source) == (8, "disk")
     assert found.line.startswith("resume: source=disk step=8 ") and "no in-memory copy" in found.line
+
+
+def test_a_copy_goes_to_the_partner_s_node_and_this_node_so_a_lost_partner_node_costs_nothing(runtime, tmp_path):
+    with serving("127.0.0.1") as partner_node, serving("127.0.0.1") as this_node:
+        from npudist.checkpoint.writer import writer
+
+        p = peer_mod.PeerSnapshots(5, this_node.address, partner_node.address, rank=0, world=4, partner=2)
+        writer().peer = p
+        _snap(p, 5)
+        assert [s for s, _, _ in partner_node.holder.listing(0, 4)] == [5]
+        assert [s for s, _, _ in this_node.holder.listing(0, 4)] == [5]
+        partner_node.close()  # the partner's node is lost; this node's ranks restart
+        found = peer_mod.restore(tmp_path, p)
+    assert (found.step, found.source) == (5, "local-memory")
+    assert torch.equal(found.state["model"]["w"], _state(5)["model"]["w"])
+
+
+def test_at_a_new_world_size_every_rank_resumes_from_rank_0_s_copy_as_from_disk(runtime, tmp_path):
+    """An elastic job that lost a node runs at a smaller world: each rank's own copy is of the old world, and
+    what a disk resume would load on every rank is rank 0's state (plain state has one writer, rank 0)."""
+    with serving("127.0.0.1") as server:
+        for owner, step in ((0, 15), (0, 20), (1, 20), (1, 25)):  # the old world of 4; rank 0's newest: 20
+            buf = io.BytesIO()
+            torch.save({**_state(step), "owner": owner}, buf)
+            payload = buf.getvalue()
+            reply, _ = request(server.address, {"op": "put", "owner": owner, "world": 4, "step": step,
+                                                "sha256": hashlib.sha256(payload).hexdigest()}, payload)
+            assert reply["ok"], reply
+        save(_state(10), tmp_path, 10)
+        from npudist.checkpoint.writer import writer
+
+        p = peer_mod.PeerSnapshots(5, server.address, server.address, rank=1, world=2, partner=1)
+        writer().peer = p
+        found = peer_mod.restore(tmp_path, p)
+    assert (found.step, found.source) == (20, "local-memory")
+    assert found.state["owner"] == 0  # rank 0's copy, not this rank's own (older world, newer step 25)
+    assert "rank 0's copy at world 4, now 2" in found.line
 
 
 def test_a_copy_that_arrives_damaged_is_refused_by_the_holder():

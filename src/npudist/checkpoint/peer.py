@@ -2,7 +2,7 @@
 
 Every K steps a rank stages its state into host memory (the async checkpoint's HostStaging, so device
 state is copied the way ``host_copy`` copies it), and the checkpoint writer's thread serialises it,
-hashes it and sends it to the holder of its partner's node (peer_holder.py). The partner is
+hashes it and sends it to the holder of its partner's node (peer_holder.py) and to its own node's. The partner is
 ``(rank + local_world_size) % world``: a rank of the next node, so one lost node never takes both a
 rank and its copy; on a single node it is the rank itself and the copy sits in this node's holder,
 which outlives torchrun's worker restarts.
@@ -123,20 +123,29 @@ class PeerSnapshots:
             torch.save(staged, buf)
             payload = buf.getvalue()
             digest = hashlib.sha256(payload).hexdigest()
-            reply, _ = request(self.partner_holder, {"op": "put", "owner": self.rank, "world": self.world,
-                                                     "step": step, "sha256": digest}, payload)
-            if not reply.get("ok"):
-                raise CheckpointError(f"holder {self.partner_holder} refused step {step}: {reply.get('error')}")
-            with self._lock:
-                self.stats.snapshots += 1
-                self.stats.last_step, self.stats.bytes = step, len(payload)
-        except Exception as exc:  # a lost copy costs recovery time, never the healthy job
-            with self._lock:
-                self.stats.failures += 1
-            log.warning("peer snapshot of step %d to %s failed: %s: %s (the disk checkpoint is still the "
-                        "fallback)", step, self.partner_holder, type(exc).__name__, exc)
+            # The partner's node first (it survives this node), then this node's own holder, which keeps the
+            # copy for this rank's restart when the partner's node is the one lost.
+            for i, address in enumerate(dict.fromkeys([self.partner_holder, self.local_holder])):
+                try:
+                    self._put(address, step, digest, payload)
+                except Exception as exc:  # a lost copy costs recovery time, never the healthy job
+                    with self._lock:
+                        self.stats.failures += 1
+                    log.warning("peer snapshot of step %d to %s failed: %s: %s (the disk checkpoint is still the "
+                                "fallback)", step, address, type(exc).__name__, exc)
+                    continue
+                if i == 0:
+                    with self._lock:
+                        self.stats.snapshots += 1
+                        self.stats.last_step, self.stats.bytes = step, len(payload)
         finally:
             self._sent.set()
+
+    def _put(self, address: str, step: int, digest: str, payload: bytes) -> None:
+        reply, _ = request(address, {"op": "put", "owner": self.rank, "world": self.world, "step": step,
+                                     "sha256": digest}, payload)
+        if not reply.get("ok"):
+            raise CheckpointError(f"holder {address} refused step {step}: {reply.get('error')}")
 
     def close(self) -> None:
         self._sent.wait()
@@ -181,27 +190,36 @@ def restore(run_dir: str | os.PathLike | None, peer: PeerSnapshots | None, *,
 
 
 def _from_memory(peer: PeerSnapshots, disk_top: int) -> Restored | None:
-    held: dict[int, tuple[str, str]] = {}
+    """Each rank's own copy at this world size (bitwise what the rank held); else rank 0's copy of any world
+    size, which is what a disk resume loads on every rank (plain state has one writer, rank 0), so an
+    elastic job that lost a node resumes from memory at its new world size."""
+    return _agree(peer, disk_top, peer.rank, peer.world) or _agree(peer, disk_top, 0, None)
+
+
+def _agree(peer: PeerSnapshots, disk_top: int, owner: int, world: int | None) -> Restored | None:
+    held: dict[int, tuple[str, str, int]] = {}
     for address in dict.fromkeys([peer.partner_holder, peer.local_holder]):  # the partner's first
         try:
-            reply, _ = request(address, {"op": "list", "owner": peer.rank, "world": peer.world}, timeout=30)
+            reply, _ = request(address, {"op": "list", "owner": owner, "world": world}, timeout=30)
         except OSError as exc:
             log.warning("peer snapshot holder %s unreachable: %s", address, exc)
             continue
-        for step, sha in reply.get("copies", []):
-            held.setdefault(int(step), (address, str(sha)))
+        for step, sha, of_world in reply.get("copies", []):
+            held.setdefault(int(step), (address, str(sha), int(of_world)))
     cap = None
     for _ in range(KEEP + 1):
         mine = max((s for s in held if cap is None or s < cap), default=-1)
         step = control.min_int(mine)
         if step < 0 or step < disk_top:
             return None
-        state, why = _fetch(peer, held.get(step), step)
+        state, why = _fetch(held.get(step), owner, step)
         if not control.any_rank(state is None):
-            address = held[step][0]
+            address, _, of_world = held[step]
             source = "peer-memory" if address != peer.local_holder else "local-memory"
+            whose = "" if owner == peer.rank and of_world == peer.world else \
+                f"rank {owner}'s copy at world {of_world}, now {peer.world}; "
             return Restored(state, step, source, f"resume: source={source} step={step} holder={address} "
-                                                 f"(sha256 verified; newest disk checkpoint: "
+                                                 f"({whose}sha256 verified; newest disk checkpoint: "
                                                  f"{disk_top if disk_top >= 0 else 'none'})")
         if state is None:
             log.warning("rank %d: in-memory copy of step %d refused: %s", peer.rank, step, why)
@@ -209,12 +227,12 @@ def _from_memory(peer: PeerSnapshots, disk_top: int) -> Restored | None:
     return None
 
 
-def _fetch(peer: PeerSnapshots, where: tuple[str, str] | None, step: int) -> tuple[Any, str]:
+def _fetch(where: tuple[str, str, int] | None, owner: int, step: int) -> tuple[Any, str]:
     if where is None:
         return None, "no copy of that step"
-    address, listed = where
+    address, listed, world = where
     try:
-        reply, payload = request(address, {"op": "get", "owner": peer.rank, "world": peer.world, "step": step})
+        reply, payload = request(address, {"op": "get", "owner": owner, "world": world, "step": step})
     except OSError as exc:
         return None, f"holder {address} unreachable ({exc})"
     if not reply.get("ok"):

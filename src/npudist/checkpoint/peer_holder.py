@@ -5,7 +5,8 @@ worker's memory dies with the restart; the launcher (torchrun's agent runs in it
 the node itself goes. The TCPStore is not used for the copies: it is the job's control plane, served by
 one process, and a model's state through it would stall every rank's heartbeats and rendezvous.
 
-The holder keeps, per owner rank, the last ``KEEP`` copies that arrived whole with the sha256 their sender
+The holder keeps, per owner rank, the last ``KEEP`` copies (of this node's own ranks and of the ranks whose
+partner lives here) that arrived whole with the sha256 their sender
 computed (a copy whose bytes do not match is refused on arrival). Two, so that a rank killed while its
 newest copy was in flight still has the previous step that the other ranks also hold. The reader checks
 the sha256 again on fetch (peer.py): memory that changed after arrival is refused there.
@@ -93,9 +94,11 @@ class Holder:
             self._copies[owner] = sorted([*kept, copy], key=lambda c: c.step)[-KEEP:]
         return None
 
-    def listing(self, owner: int, world: int) -> list[tuple[int, str]]:
+    def listing(self, owner: int, world: int | None) -> list[tuple[int, str, int]]:
+        """(step, sha256, world) of each copy of ``owner``; of one world size, or of any when None."""
         with self._lock:
-            return [(c.step, c.sha256) for c in self._copies.get(owner, []) if c.world == world]
+            return [(c.step, c.sha256, c.world) for c in self._copies.get(owner, [])
+                    if world is None or c.world == world]
 
     def get(self, owner: int, world: int, step: int) -> Copy | None:
         with self._lock:
@@ -118,18 +121,19 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 def _answer(holder: Holder, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-    op, owner, world = header["op"], int(header["owner"]), int(header["world"])
-    if op == "put":
+    op, owner = header["op"], int(header["owner"])
+    world = None if header.get("world") is None else int(header["world"])
+    if op == "put" and world is not None:
         why = holder.put(owner, Copy(int(header["step"]), world, str(header["sha256"]), payload))
         return ({"ok": True} if why is None else {"ok": False, "error": why}), b""
     if op == "list":
         return {"ok": True, "copies": holder.listing(owner, world)}, b""
-    if op == "get":
+    if op == "get" and world is not None:
         found = holder.get(owner, world, int(header["step"]))
         if found is None:
             return {"ok": False, "error": f"no copy of step {header['step']}"}, b""
         return {"ok": True, "step": found.step, "sha256": found.sha256}, found.payload
-    return {"ok": False, "error": f"unknown op {op!r}"}, b""
+    return {"ok": False, "error": f"unknown op {op!r} (or no world size given)"}, b""
 
 
 class _Server(socketserver.ThreadingTCPServer):
