@@ -1,7 +1,7 @@
 """Multi-node jobs on a cluster of network namespaces (npudist.testing.cluster): the harness itself, a start
 with no interface variable, the loopback refusal, node faults named as nodes (one while the others wait at
 a checkpoint), and an elastic job that goes on alone through a partition and takes the node back when it
-heals, without split brain.
+heals, without split brain; with in-memory peer snapshots a killed node costs at most one step.
 
 Needs root and iproute2 (CI runs as root); elsewhere every test skips with the harness's reason.
 """
@@ -21,6 +21,7 @@ import pytest
 
 from npudist.runtime.network import IFNAME_VARS
 from npudist.testing.cluster import Cluster, unavailable
+from npudist.testing.mttr import run_trial
 from tests.conftest import REPO, child_env
 
 REASON = unavailable()
@@ -203,3 +204,17 @@ def test_a_partitioned_node_heals_into_the_one_job_and_the_checkpoints_stay_whol
     for d in steps:
         _, problem = verify(d)
         assert problem is None, (d, problem)
+
+
+def test_a_killed_node_costs_at_most_one_step_with_in_memory_snapshots(tmp_path):
+    """--peer-snapshots 1 on 2 nodes x 2 ranks, checkpoints every 5 steps, node1 killed after step 12 (disk
+    then holds step 10): node0 goes on alone at world 2 from its own node's copy of rank 0's state (what a
+    disk resume would load on every rank), at most one step back, instead of from the checkpoint."""
+    t = run_trial("kill_node", TRAIN, env=_env(), prometheus=False, keep=str(tmp_path), warm_steps=12,
+                  peer_snapshots=1, observe_s=150)
+    log = (tmp_path / "node0.log").read_text()
+    assert t.source == "local-memory", (t, log[-3000:])
+    assert t.world_after == 2 and t.steps_lost is not None and 0 <= t.steps_lost <= 1, t
+    said = re.search(r"^resume: source=local-memory step=(\d+) .*rank 0's copy at world 4, now 2; sha256 verified; "
+                     r"newest disk checkpoint: (\d+)\)", log, re.M)
+    assert said and int(said[1]) > int(said[2]), log[-3000:]

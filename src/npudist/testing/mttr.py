@@ -24,11 +24,12 @@ from pathlib import Path
 from npudist.testing.cluster import Cluster
 from npudist.testing.cluster_monitor import Monitor
 
-FAULTS = ("kill_node", "partition", "stop_rank", "slow_rank", "slow_link")
+FAULTS = ("kill_node", "partition", "kill_rank", "stop_rank", "slow_rank", "slow_link")
 SLOW_FACTOR = 1.3
 """slow_rank: the last rank's steps take this many times as long from the fault on (train_ddp --slow-factor)."""
 _STEP = re.compile(r"^step=(\d+) .*\bworld=(\d+)")
 _RESUMED = re.compile(r"^resumed from step=(\d+)")
+_SOURCE = re.compile(r"^resume: source=([\w-]+)")
 _DETECT = re.compile(r"npudist hang:|never reached it|CollectiveHangError|ChildFailedError|Connection reset|"
                      r"straggler diagnosis:|^straggler: rank \d+(?: \([^)]*\))? works")
 _STRAGGLER = re.compile(r"^straggler: rank (\d+)(?: \([^)]*\))? works .*; cause: (\w+)")
@@ -44,6 +45,10 @@ class Trial:
     steps_lost: int | None = None
     world_after: int | None = None
     layout: str = ""
+    recovery: str = "disk"
+    """Where a restart may resume from: "disk" (checkpoints only) or "memory K=n" (`--peer-snapshots n`)."""
+    source: str = ""
+    """The source the restarted job said it resumed from (resume: source=...)."""
     named_right: str | bool | None = None
     """right (the faulted node or rank, nothing else), also names others, or wrong."""
     alerts: list = field(default_factory=list)
@@ -108,16 +113,18 @@ def _blamed(report: Path) -> tuple[list[int], str]:
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
               observe_s: float = 120.0, env: dict[str, str] | None = None, keep: str | None = None,
-              prometheus: bool = True, subnet: str = "10.213.0") -> Trial:
+              prometheus: bool = True, subnet: str = "10.213.0", peer_snapshots: int = 0) -> Trial:
     """Start the job, apply ``fault`` to the last node (its last rank for stop_rank/slow_rank) after
     ``warm_steps`` steps, watch node 0 for ``observe_s``; with ``prometheus`` a real Prometheus scrapes every
     node (npudist.testing.cluster_monitor) and the whole window is watched for alerts, else the trial ends at
-    the first step after the restart."""
+    the first step after the restart. ``peer_snapshots`` K > 0 adds ``--peer-snapshots K`` with each node's
+    holder on its own address, so a restart may resume from another node's memory."""
     if fault not in FAULTS:
         raise ValueError(f"fault {fault!r}: choose one of {', '.join(FAULTS)}")
     run = Path(keep or tempfile.mkdtemp(prefix="npudist-mttr-"))
     env = dict(os.environ if env is None else env)
-    trial = Trial(fault, layout=f"{nodes}x{nproc}")
+    trial = Trial(fault, layout=f"{nodes}x{nproc}",
+                  recovery=f"memory K={peer_snapshots}" if peer_snapshots else "disk")
     last = nodes * nproc - 1
     # 48 sequences divide over every world an elastic 4-node job can shrink to (4, 3, 2, 1 ranks).
     job = [script, "--global-batch-size", "48", "--steps", "100000", "--log-every", "1", "--run-dir", str(run),
@@ -131,9 +138,11 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
         victim = c.nodes[-1]
         logs = [_Log(run / f"{n.hostname}.log") for n in c.nodes]
         for n in c.nodes:
+            extra = ["--peer-snapshots", str(peer_snapshots), "--peer-snapshot-bind", n.address] \
+                if peer_snapshots else []
             c.launch(n, job if mon else [*job, "--no-telemetry"], nproc=nproc, elastic=True,
-                     env=mon.env(n, env) if mon else env, launch_args=mon.launch_args(n) if mon else (),
-                     log=run / f"{n.hostname}.log")
+                     env=mon.env(n, env) if mon else env,
+                     launch_args=[*(mon.launch_args(n) if mon else ()), *extra], log=run / f"{n.hostname}.log")
         deadline = time.monotonic() + 300
         # Warm: the steps ran and, when watched, Prometheus scrapes every node's exporter and every rank.
         while logs[0].last_step() < warm_steps or (mon and sum(mon.up().values()) < nodes * (nproc + 1)):
@@ -153,12 +162,12 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
             c.partition(victim)
         elif fault == "slow_link":
             c.slow(victim, "1mbit")
-        elif fault == "stop_rank":
+        elif fault in ("stop_rank", "kill_rank"):
             pid = _worker_pid(c, victim, last)
             if pid is None:
-                trial.notes.append("no worker found to stop")
+                trial.notes.append("no worker found to signal")
                 return trial
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, signal.SIGSTOP if fault == "stop_rank" else signal.SIGKILL)
         mark = len(logs[0].lines)
         while time.monotonic() - start < observe_s:
             time.sleep(0.5)
@@ -179,8 +188,10 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
                                    and (m := _STEP.match(ln))), default=before)
                     trial.steps_lost = reached - resumed[-1][1]
                     trial.world_after = after[0][1]
-                    trial.action = (f"torchrun restarted the workers; resumed from step {resumed[-1][1]} at "
-                                    f"world {after[0][1]}")
+                    said = [m[1] for t, ln in new if t >= resumed[-1][0] and (m := _SOURCE.match(ln))]
+                    trial.source = said[0] if said else "disk"
+                    trial.action = (f"torchrun restarted the workers; resumed from step {resumed[-1][1]} "
+                                    f"({trial.source}) at world {after[0][1]}")
                     if not mon:
                         break
         reports = _survivors_reports(run, victim_ranks)
@@ -215,14 +226,14 @@ def _alert(a: object) -> str:
 
 
 def summary(trials: list[Trial]) -> str:
-    """One row per (layout, fault): every trial's value, in trial order, separated by " / "."""
+    """One row per (layout, fault, recovery): every trial's value, in trial order, separated by " / "."""
     rows = {}
     for t in trials:
-        rows.setdefault((t.layout, t.fault), []).append(t)
+        rows.setdefault((t.layout, t.fault, t.recovery), []).append(t)
     fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
-    out = ["| layout | fault | trials | detect (s) | named | training again after (s) | world after | steps lost | "
-           "alerts fired (s after the fault) |", "|---|---|---|---|---|---|---|---|---|"]
-    for (layout, fault), ts in rows.items():
+    out = ["| layout | fault | recovery from | trials | detect (s) | named | training again after (s) | world after "
+           "| steps lost | resumed from | alerts fired (s after the fault) |", "|---" * 11 + "|"]
+    for (layout, fault, recovery), ts in rows.items():
         named = sorted({t.named for t in ts if t.named})
         checks = [{True: "right", False: "wrong"}.get(t.named_right, t.named_right) or "nothing" for t in ts]
         alerts: dict[str, list[str]] = {}
@@ -230,9 +241,10 @@ def summary(trials: list[Trial]) -> str:
             for a in t.alerts:
                 name, after = (a["name"], a["after_s"]) if isinstance(a, dict) else (a.name, a.after_s)
                 alerts.setdefault(name, ["-"] * len(ts))[i] = f"{after:.0f}"
-        out.append(f"| {layout} | {fault} | {len(ts)} | {' / '.join(fmt(t.detect_s) for t in ts)} | "
+        out.append(f"| {layout} | {fault} | {recovery} | {len(ts)} | {' / '.join(fmt(t.detect_s) for t in ts)} | "
                    f"{'; '.join(named) or '-'} ({', '.join(checks)}) | {' / '.join(fmt(t.recover_s) for t in ts)} | "
                    f"{' / '.join(fmt(t.world_after) for t in ts)} | {' / '.join(fmt(t.steps_lost) for t in ts)} | "
+                   f"{' / '.join(t.source or '-' for t in ts)} | "
                    f"{'; '.join(f'{n} {chr(47).join(v)}' for n, v in alerts.items()) or '-'} |")
     return "\n".join(out)
 
@@ -241,7 +253,8 @@ def table(trials: list[Trial]) -> str:
     head = ("| layout | fault | detect (s) | named | action | training again after (s) | steps lost | alerts fired "
             "(severity, s after the fault) |\n|---|---|---|---|---|---|---|---|")
     fmt = lambda v: "-" if v is None else str(v)  # noqa: E731
-    rows = [f"| {t.layout} | {t.fault} | {fmt(t.detect_s)} | {t.named or '-'}{_right(t.named_right)} | {t.action} | "
+    rows = [f"| {t.layout} | {t.fault}, from {t.recovery} | {fmt(t.detect_s)} | {t.named or '-'}"
+            f"{_right(t.named_right)} | {t.action} | "
             f"{fmt(t.recover_s)} | {fmt(t.steps_lost)} | {'; '.join(map(_alert, t.alerts)) or '-'} |" for t in trials]
     return "\n".join([head, *rows])
 
