@@ -1,4 +1,5 @@
-"""A rank killed under torchrun resumes from the in-memory copy held by its node's holder, bitwise.
+"""A rank killed under torchrun resumes from the in-memory copy held by its node's holder, bitwise, on CPU
+(gloo) and on the simulated NPU (its strict hccl; the device state staged the way host_copy stages it).
 
 The style of tests/fault/test_restart.py: examples/train_ddp.py under `npudist launch --max-restarts`, the
 final params_sha256 compared with an unbroken run of the same arguments, run at the same time.
@@ -8,6 +9,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+from npudist.runtime import compat
 from tests.conftest import REPO, child_env
 
 FINAL = re.compile(r"^final step=(\d+) loss=([\d.]+) params_sha256=([0-9a-f]{64})$", re.MULTILINE)
@@ -16,18 +20,23 @@ SOURCE = re.compile(r"^resume: source=(\S+) step=(\d+) ", re.MULTILINE)
 EVERY, KILL_AT, STEPS = 4, 10, 16
 
 
-def _launch(run_dir, fault_step: int) -> subprocess.Popen:
+def _launch(run_dir, fault_step: int, simulate: list[str]) -> subprocess.Popen:
     # Disk checkpoints only at the end: before it, the in-memory copies are the only ones there are.
     args = ["examples/train_ddp.py", "--steps", str(STEPS), "--run-dir", str(run_dir), "--checkpoint-every", "100",
             "--log-every", "1", "--no-telemetry", "--d-model", "32", "--layers", "1", "--global-batch-size", "8",
             "--fault", "sigkill", "--fault-rank", "1", "--fault-step", str(fault_step)]
     return subprocess.Popen([sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--max-restarts",
-                             "1", "--peer-snapshots", str(EVERY), *args], cwd=REPO, env=child_env(),
+                             "1", "--peer-snapshots", str(EVERY), *simulate, *args], cwd=REPO, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_a_killed_rank_resumes_from_the_in_memory_copy_bitwise_and_counts_the_steps_lost(tmp_path):
-    reference, killed = _launch(tmp_path / "ref", STEPS + 100), _launch(tmp_path / "run", KILL_AT)
+SIM = pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
+
+
+@pytest.mark.parametrize("simulate", [[], pytest.param(["--simulate", "npu"], marks=SIM, id="sim-npu")],
+                         ids=lambda v: "cpu" if v == [] else None)
+def test_a_killed_rank_resumes_from_the_in_memory_copy_bitwise_and_counts_the_steps_lost(tmp_path, simulate):
+    reference, killed = _launch(tmp_path / "ref", STEPS + 100, simulate), _launch(tmp_path / "run", KILL_AT, simulate)
     try:
         ref_out, _ = reference.communicate(timeout=240)
         out, _ = killed.communicate(timeout=240)
@@ -37,6 +46,8 @@ def test_a_killed_rank_resumes_from_the_in_memory_copy_bitwise_and_counts_the_st
     assert reference.returncode == 0, ref_out[-3000:]
     assert killed.returncode == 0, out[-3000:]
     assert int(FAULT.search(out).group(1)) == KILL_AT
+    on = "accelerator=npu-sim backend=hccl" if simulate else "accelerator=cpu backend=gloo"
+    assert on in out and on in ref_out, out[-3000:]
     source, resumed = SOURCE.search(out).groups()
     # One node: the partner is the rank itself, its copy in this node's holder (the launch process).
     assert source == "local-memory"
