@@ -218,3 +218,40 @@ def test_a_killed_node_costs_at_most_one_step_with_in_memory_snapshots(tmp_path)
     said = re.search(r"^resume: source=local-memory step=(\d+) .*rank 0's copy at world 4, now 2; sha256 verified; "
                      r"newest disk checkpoint: (\d+)\)", log, re.M)
     assert said and int(said[1]) > int(said[2]), log[-3000:]
+
+
+_FINAL = re.compile(r"^final step=(\d+) loss=([\d.]+) params_sha256=([0-9a-f]{64})$", re.M)
+_SOURCE = re.compile(r"^resume: source=(\S+) step=(\d+) ", re.M)
+
+
+def test_a_rank_killed_on_another_node_resumes_from_memory_exactly_as_from_disk(tmp_path):
+    """2 nodes x 2 ranks: rank 3 (node1) is killed at step 9; torchrun restarts the job at world 4. With
+    --peer-snapshots 4 every rank resumes from its copy of step 8 in its partner's node (rank 3's in node0's
+    holder); a second job resumes from its disk checkpoint of step 8. Both end bitwise equal, and at the loss
+    of a job never killed. Not bitwise that job's parameters: at world 4 DDP's first iteration after any
+    restart reduces in its initial bucket layout, the unbroken job in the rebuilt one, and a sum of four
+    floats rounds by its order (at world 2 it does not: tests/checkpoint/test_peer_restart.py)."""
+    job = [TRAIN, "--steps", "14", "--log-every", "1", "--no-telemetry", "--d-model", "32", "--layers", "1",
+           "--global-batch-size", "8", "--fault", "sigkill", "--fault-rank", "3"]
+    # --fault adds a loss average to every step, so every job has it; the reference's never fires.
+    runs = {"ref": (["--fault-step", "1000", "--checkpoint-every", "100"], []),
+            "memory": (["--fault-step", "9", "--checkpoint-every", "100"], ["--peer-snapshots", "4"]),
+            "disk": (["--fault-step", "9", "--checkpoint-every", "4", "--sync-checkpoints"], [])}
+    with Cluster(2) as c:
+        procs = []
+        for port, (name, (args, launch)) in enumerate(runs.items(), 29611):  # at once, each its own rendezvous
+            for n in c.nodes:
+                bind = ["--peer-snapshot-bind", n.address] if launch else []
+                procs.append(c.launch(n, [*job, *args, "--run-dir", str(tmp_path / name)], port=port, elastic=True,
+                                      env=_env(), launch_args=[*launch, *bind],
+                                      log=tmp_path / f"{name}-{n.hostname}.log"))
+        codes = _wait(procs, 300)
+    logs = {name: (tmp_path / f"{name}-node0.log").read_text() for name in runs}
+    assert codes == [0] * 6, {k: v[-2000:] for k, v in logs.items()}
+    for name, source in (("memory", "peer-memory"), ("disk", "disk")):
+        assert "FAULT sigkill rank=3 step=9 " in (tmp_path / f"{name}-node1.log").read_text()
+        assert _SOURCE.search(logs[name]).groups() == (source, "8"), logs[name][-3000:]  # 1 step lost
+        assert re.search(r"^step=\d+ .*\bworld=4\b", logs[name].split("resume: source=")[-1], re.M)
+    final = {name: _FINAL.search(text).groups() for name, text in logs.items()}
+    assert final["memory"] == final["disk"], final  # step, loss and params_sha256
+    assert final["memory"][:2] == final["ref"][:2], final
