@@ -187,6 +187,10 @@ class SimHcclGroup(dist.ProcessGroup):
         (host_out,) = self._host("HcclAllGather", [output])
         (host_in,) = self._host("HcclAllGather", [input])
         SIM.counts.add("all_gather_into_tensor", [input])
+        # HCCL (as NCCL) fills any output of world x input elements (SyncBatchNorm passes [1, world*n]); gloo
+        # wants the inputs concatenated along dim 0, so it gets the same memory in that shape.
+        if host_out.is_contiguous() and host_out.numel() == self.size() * host_in.numel() and host_in.dim():
+            host_out = host_out.view(-1, *host_in.shape[1:])
         return self._done(output, self._host_group()._allgather_base(host_out, host_in, opts))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from npudist.sim.batch_norm import KERNELS as HOST_KERNELS
 from npudist.sim.state import SIM
 
 DEVICE_TYPE = "npu"
@@ -86,6 +87,9 @@ class SimTensor(torch.Tensor):
         special = _SPECIAL.get(func)
         if special is not None:
             return special(*args, **kwargs)
+        host_kernel = HOST_KERNELS.get(func)
+        if host_kernel is not None:  # an op torch has no CPU kernel for (batch_norm.py)
+            return _wrap(host_kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
         out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
         if _written(func):
             return _in_place_result(func, args, kwargs, out)
