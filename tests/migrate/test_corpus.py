@@ -55,7 +55,8 @@ EXPECTED = {
         "pin-memory": 3,           # 264 268 402
         "direct-collective": 1,    # 449 AverageMeter.all_reduce
     },
-    "word_language_model/main.py": {"cuda-device-api": 1, "cuda-device-string": 1},  # 58, 67
+    "word_language_model/main.py": {"cuda-device-api": 1, "cuda-device-string": 1,  # 58, 67
+                                    "single-process": 1},  # 13: argparse, no process group anywhere
     "word_language_model/model.py": {},
     # Written for torch.accelerator already: only the hand-made group and the LOCAL_RANK read remain.
     "pytorch_fsdp2/example.py": {"local-rank-env": 1, "process-group-setup": 1},

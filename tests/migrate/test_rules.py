@@ -52,6 +52,12 @@ CASES = [
     ("sync-batchnorm", "m = torch.nn.SyncBatchNorm.convert_sync_batchnorm(m)", "m = torch.nn.BatchNorm1d(4)"),
     ("vendor-locked", "torch.npu.synchronize()", "npudist.accelerator().synchronize()"),
     ("vendor-locked", "import torch_npu\ntorch_npu.npu.set_device(0)", "import torch_npu\nx = 1"),
+    # word_language_model's shape: an argument parser, the device, no process group (N ranks: N trainings)
+    ("single-process", "import argparse\nargs = argparse.ArgumentParser().parse_args()\nm = model.cuda()",
+     "import argparse\nargs = argparse.ArgumentParser().parse_args()\ndist.init_process_group('nccl')\n"
+     "m = model.cuda()"),
+    ("single-process", "if __name__ == '__main__':\n    m = model.cuda()",
+     "if __name__ == '__main__':\n    m = DDP(model.cuda())"),
 ]
 
 

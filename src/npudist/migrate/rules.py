@@ -93,6 +93,13 @@ _RULES = (
          "a hand-made process group works only if the device was set first and the backend suits it",
          "ctx = npudist.init(): the same for every vendor, with npudist's errors and hang diagnosis", True,
          "assert ctx.backend == dist.get_backend()"),
+    Rule("single-process", "warning",
+         "the script starts no process group, so it is one process's training: under `npudist launch "
+         "--nproc-per-node N` or torchrun it runs N separate trainings of the whole data set, each writing the "
+         "same output files, and on a real host each on the device its process was given",
+         "run it with --nproc-per-node 1; or make it data parallel: ctx = npudist.init(), "
+         "DistributedDataParallel(model), a DistributedSampler for the data, saves on rank 0 only", False,
+         "assert ctx.world_size == dist.get_world_size()"),
     Rule("nccl-string", "warning",
          "a backend compared with or set to 'nccl' takes the wrong branch on HCCL, CNCL or gloo "
          "(transfer_to_npu's documented limitation)",

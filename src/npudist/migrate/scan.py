@@ -100,6 +100,16 @@ def uses_transfer_to_npu(analysis: Analysis) -> bool:
                any(isinstance(s, cst.Import | cst.ImportFrom) for s in line.body))
 
 
+GROUP_STARTERS = frozenset({
+    "torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group", "npudist.init",
+    "torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn",
+    "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.distributed.fsdp.FullyShardedDataParallel", "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.device_mesh.init_device_mesh", "accelerate.Accelerator", "deepspeed.initialize",
+})
+"""Calls that make a script one job of several processes (or its data-parallel wrapper)."""
+
+
 class _Visitor(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ParentNodeProvider)
 
@@ -109,6 +119,8 @@ class _Visitor(cst.CSTVisitor):
         self._bf16_refused = bf16_refused
         self._claimed: set[int] = set()  # nodes already reported through an enclosing construct
         self._lines: set[tuple[str, int]] = set()
+        self._entry: cst.CSTNode | None = None  # where a script starts (its argument parser or main guard)
+        self._starts_group = False
 
     def _add(self, rule: str, node: cst.CSTNode, *, detail: str = "", fix: Rewrite | None = None,
              once_per_line: bool = False) -> None:
@@ -126,6 +138,9 @@ class _Visitor(cst.CSTVisitor):
     # -- calls --------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         names = self._qnames(node.func)
+        self._starts_group = self._starts_group or bool(names & GROUP_STARTERS)
+        if self._entry is None and "argparse.ArgumentParser" in names:
+            self._entry = node
         for name in names:
             if self._call_rule(node, name):
                 return
@@ -136,6 +151,17 @@ class _Visitor(cst.CSTVisitor):
         index = cuda_fstring_index(node)
         if index is not None and id(node) not in self._claimed:
             self._cuda_string(node, None, index)
+
+    def visit_If(self, node: cst.If) -> None:
+        if self._entry is None and "__main__" in cst.Module([]).code_for_node(node.test) and \
+                "__name__" in cst.Module([]).code_for_node(node.test):
+            self._entry = node
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        # A script with device code that never starts a process group is a one-process trainer: N ranks of
+        # it are N separate trainings (every finding above concerns the device, so one is the evidence).
+        if self._entry is not None and not self._starts_group and self.found:
+            self._add("single-process", self._entry)
 
     def _call_rule(self, node: cst.Call, name: str) -> bool:
         if name.startswith("torch.cuda.amp."):
