@@ -282,6 +282,26 @@ def test_a_live_rank_left_inside_a_call_has_the_ranks_ahead_looked_at_before_it_
     assert client.calls["add"] > 0
 
 
+def test_ranks_that_went_on_are_not_blamed_when_the_ranks_they_passed_are_silent(store, monkeypatch):
+    """A node cut off (a partition) just after finishing call 1 cannot publish that it left it: its ranks 2, 3
+    still read "inside call 1" while the live ranks 0, 1 went on to calls 3 and 2. They look ahead (a skipped
+    call) until the ranks they passed are probed: those do not answer, so they are the culprits."""
+    monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
+    client = CountingStore(store.clone())
+    ranks = [_watchdog(r, client) for r in range(4)]
+    reader = HangReader(ranks[0], 4, sleep=lambda s: ranks[1]._poll())  # 2 and 3 never answer
+    for wd in ranks:
+        seq = wd.enter("all_reduce", 8)
+        for _ in range({0: 2, 1: 1}.get(wd.record.rank, 0)):
+            wd.done(seq)
+            seq = wd.enter("all_reduce", 8)
+        wd._publish()
+    assert hang.suspects(reader.read()).kind == "ahead"  # what the records alone say
+    reader._judge(reader.read(), 12.0, "")
+    verdict = reader.verdict
+    assert verdict["culprits"] == [2, 3], verdict["line"]
+
+
 def test_a_job_that_moves_during_the_probe_was_slow_not_hung(store, monkeypatch):
     monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     client = CountingStore(store.clone())

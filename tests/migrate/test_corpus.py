@@ -134,8 +134,9 @@ def test_fixed_imagenet_trainer_trains_on_two_ranks(tmp_path: Path, simulate: st
     acc = [float(a) for a in re.findall(r" \*\s+Acc@1 ([\d.]+)", r.stdout)]
     assert len(acc) == 4, r.stdout  # 2 ranks x 2 epochs of validation
     if simulate:
-        # DDP on the simulated NPU: the meters are all-reduced, so both ranks print the same accuracy
-        assert acc[0] == acc[1] and acc[2] == acc[3] and acc[2] > acc[0]
+        # DDP on the simulated NPU: the meters are all-reduced, so both ranks print the same accuracy. Not
+        # that it rises: --dummy's labels are random, so validation accuracy is chance whatever training does.
+        assert acc[0] == acc[1] and acc[2] == acc[3], acc
     else:
         assert "using CPU, this will be slow" in r.stdout  # the original's CPU branch, kept as it was
 

@@ -218,6 +218,21 @@ class HangReader:
         return (hang.Suspects("all_reached", sorted({*found.ranks, *ahead}), top, sorted(inside)),
                 answered | more, {**looks, **more_looks})
 
+    def _waiting_dead(self, records: Records, found: hang.Suspects, answered: set[int],
+                      looks: dict[int, Look]) -> tuple[hang.Suspects, set[int], dict[int, Look]]:
+        """The mirror of _ahead_dead: live ranks past the call the others wait in skipped it only if those
+        others are alive. A node cut off just after it finished the call cannot publish that it left it, so
+        the live ranks that went on look ahead of it. The waiting ranks are looked at too (at most
+        AHEAD_LOOKED_AT), and the silent ones are the culprits."""
+        if found.kind != "ahead" or set(found.ranks) - answered or not found.waiting:
+            return found, answered, looks
+        waiting = found.waiting[:AHEAD_LOOKED_AT]
+        more, more_looks = self._probe(waiting)
+        if not set(waiting) - more:
+            return found, answered, looks
+        return (hang.Suspects("all_reached", sorted({*found.ranks, *waiting}), found.top, sorted(found.ranks)),
+                answered | more, {**looks, **more_looks})
+
     def _node_mates(self, records: Records, found: hang.Suspects, answered: set[int],
                     looks: dict[int, Look]) -> tuple[hang.Suspects, set[int], dict[int, Look]]:
         """A node lost as a whole can leave some of its ranks' records inside the call the others wait in
@@ -246,6 +261,7 @@ class HangReader:
         found = hang.suspects(records)
         answered, looks = self._probe(found.ranks)
         found, answered, looks = self._ahead_dead(records, found, answered, looks)
+        found, answered, looks = self._waiting_dead(records, found, answered, looks)
         found, answered, looks = self._node_mates(records, found, answered, looks)
         self._looked_at = self.clock()
         if recheck:
