@@ -133,7 +133,9 @@ def _answer(holder: Holder, header: dict[str, Any], payload: bytes) -> tuple[dic
         if found is None:
             return {"ok": False, "error": f"no copy of step {header['step']}"}, b""
         return {"ok": True, "step": found.step, "sha256": found.sha256}, found.payload
-    return {"ok": False, "error": f"unknown op {op!r} (or no world size given)"}, b""
+    if op in ("put", "get"):
+        return {"ok": False, "error": f"{op} names no world size: send the sender's world (an int)"}, b""
+    return {"ok": False, "error": f"unknown op {op!r}: one of put, list, get"}, b""
 
 
 class _Server(socketserver.ThreadingTCPServer):
