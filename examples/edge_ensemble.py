@@ -2,6 +2,8 @@
 
     npudist launch --nproc-per-node 4 examples/edge_ensemble.py
     npudist launch --nproc-per-node 4 examples/edge_ensemble.py --serve --port 8000   # then POST /predict
+    npudist launch --nnodes 4 --node-rank I --master-addr 192.168.1.101 --nproc-per-node 1 \
+        examples/edge_ensemble.py --serve --host 0.0.0.0 --member-host auto    # one board lost: degraded answers
     .venv-rknn/bin/python -m npudist launch --nproc-per-node 4 examples/edge_ensemble.py --rknn-sim fp16 \
         --rknn-sim int8      # each member also through rknn-toolkit2's rk3588 simulator (make rknn-env)
 
@@ -50,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     p.add_argument("--port-file", type=Path, help="rank 0 writes the port it listens on here")
     p.add_argument("--allow-shutdown", action="store_true", help="POST /shutdown stops every rank")
+    p.add_argument("--member-host", metavar="HOST",
+                   help="serve each rank's member at HOST (auto: the address its process group uses) and have rank 0 "
+                        "ask each member on its own: a lost board then degrades the answers instead of failing "
+                        "them; without it every request is one collective over all ranks")
+    p.add_argument("--deadline", type=float, default=5.0, help="with --member-host: seconds to wait for the members")
+    p.add_argument("--min-members", type=int, help="with --member-host: answers needed (default: half, rounded up)")
     args = p.parse_args(argv)
     for name in ("classes", "features", "train_samples", "test_samples", "steps", "hidden", "rknn_batch"):
         if getattr(args, name) < 1:
@@ -196,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"serving on http://{args.host}:{port}/predict", flush=True)
 
             try:
-                serve(server, args.host, args.port, allow_shutdown=args.allow_shutdown, on_ready=ready)
+                serve(server, args.host, args.port, allow_shutdown=args.allow_shutdown, on_ready=ready,
+                      member_host=args.member_host, deadline_s=args.deadline, min_members=args.min_members)
             finally:
                 if telemetry is not None:
                     telemetry.close()

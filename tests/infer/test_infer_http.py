@@ -1,4 +1,5 @@
-"""HTTP front: request parsing (pure) and a served 2-rank ensemble with bad inputs and a failing member."""
+"""HTTP front: request parsing (pure) and a served 2-rank ensemble with bad inputs and a failing member, behind
+one collective per request and behind the fan-out front (a frozen member leaves degraded answers, then comes back)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_parse_batch_limits_and_accepts() -> None:
 
 
 SERVE_SCRIPT = textwrap.dedent("""
+    import os
     import sys
     import torch
     from torch import nn
@@ -64,10 +66,12 @@ SERVE_SCRIPT = textwrap.dedent("""
 
     ctx = npudist.init()
     try:
+        open(f"{sys.argv[1]}.rank{ctx.rank}", "w").write(str(os.getpid()))
         server = EnsembleServer(TorchRunner(Member(ctx.rank), torch.device("cpu")), 2, input_features=2,
                                 combine="mean_logits", max_batch=8)
         serve(server, "127.0.0.1", 0, allow_shutdown=True, idle_seconds=1.0,
-              on_ready=lambda port: open(sys.argv[1], "w").write(str(port)))
+              on_ready=lambda port: open(sys.argv[1], "w").write(str(port)),
+              member_host=sys.argv[2] if len(sys.argv) > 2 else None, deadline_s=1.0)
         s = server.stats
         print(f"rank={ctx.rank} stopped requests={s.requests} errors={s.errors}", flush=True)
     finally:
@@ -84,21 +88,32 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-@pytest.mark.slow
-def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None:
+def _start(tmp_path: Path, *script_args: str) -> tuple[subprocess.Popen, Path, str]:
     script = tmp_path / "serve.py"
     script.write_text(SERVE_SCRIPT)
     port_file = tmp_path / "port"
     proc = subprocess.Popen([sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", str(script),
-                             str(port_file)], env=child_env(), cwd=REPO, text=True,
+                             str(port_file), *script_args], env=child_env(), cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (port_file.exists() and port_file.read_text()) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the service did not start")
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stdout.read()
+    return proc, port_file, f"http://127.0.0.1:{port_file.read_text()}"
+
+
+def _stats(base: str) -> dict:
+    with urllib.request.urlopen(f"{base}/stats", timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.slow
+def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None:
+    proc, port_file, base = _start(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not (port_file.exists() and port_file.read_text()) and proc.poll() is None:
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.2)
-        assert proc.poll() is None, proc.stdout.read()
-        base = f"http://127.0.0.1:{port_file.read_text()}"
         # Hand-computed mean of rank 0 [x0, x1] and rank 1 [x0 + x1, 0]:
         # [1, 2] -> [2, 1] -> 0;  [0, 3] -> [1.5, 1.5] -> tie -> 0;  [-1, 1] -> [-0.5, 0.5] -> 1
         status, doc = _post(f"{base}/predict", b'{"inputs": [[1, 2], [0, 3], [-1, 1]]}')
@@ -126,8 +141,7 @@ def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None
         assert status == 404
         status, doc = _post(f"{base}/predict", b'{"inputs": [[-1, 1]]}')
         assert (status, doc["labels"]) == (200, [1])
-        with urllib.request.urlopen(f"{base}/stats", timeout=30) as resp:
-            stats = json.loads(resp.read())
+        stats = _stats(base)
         assert (stats["requests"], stats["errors"], stats["bad_requests"]) == (4, 1, 4)
         assert _post(f"{base}/shutdown", b"")[0] == 200
         out, _ = proc.communicate(timeout=60)
@@ -136,4 +150,43 @@ def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started, nothing else
+            proc.communicate(timeout=30)
+
+
+@pytest.mark.slow
+def test_fanout_front_answers_without_a_frozen_member_and_takes_it_back(tmp_path: Path) -> None:
+    proc, _, base = _start(tmp_path, "127.0.0.1")
+    try:
+        status, doc = _post(f"{base}/predict", b'{"inputs": [[1, 2], [0, 3], [-1, 1]]}')
+        assert status == 200, doc
+        # The same hand-computed mean as behind the collective: both members answered.
+        assert (doc["labels"], doc["scores"], doc["ranks"], doc["degraded"]) == \
+            ([0, 0, 1], [[2.0, 1.0], [1.5, 1.5], [-0.5, 0.5]], 2, False)
+        status, doc = _post(f"{base}/predict", b'{"inputs": [[999, 1]]}')  # rank 1 fails: rank 0's logits alone
+        assert (status, doc["scores"], doc["ranks"], doc["degraded"]) == (200, [[999.0, 1.0]], 1, True), doc
+        assert "rank 1 on" in doc["missing"][0] and "rank 1 refuses 999" in doc["missing"][0]
+        member = int((tmp_path / "port.rank1").read_text())
+        os.kill(member, signal.SIGSTOP)  # a frozen board: its port accepts, nothing answers
+        try:
+            status, doc = _post(f"{base}/predict", b'{"inputs": [[1, 2]]}')
+            assert (status, doc["scores"], doc["ranks"]) == (200, [[1.0, 2.0]], 1), doc
+            assert doc["missing"][0].endswith("no answer within 1 s")
+            assert _stats(base)["members_answering"] == 1
+        finally:
+            os.kill(member, signal.SIGCONT)
+        deadline = time.monotonic() + 30  # skipped 2 s, then the idle probe (every 0.5 s) takes it back
+        while _stats(base)["members_answering"] != 2:
+            assert time.monotonic() < deadline, _stats(base)
+            time.sleep(0.2)
+        status, doc = _post(f"{base}/predict", b'{"inputs": [[1, 2]]}')
+        assert (status, doc["scores"], doc["degraded"]) == (200, [[2.0, 1.0]], False), doc
+        stats = _stats(base)
+        assert (stats["requests"], stats["errors"], stats["degraded"], stats["members_expected"]) == (4, 0, 2, 2)
+        assert _post(f"{base}/shutdown", b"")[0] == 200
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "rank=1 stopped requests=4 errors=0" in out  # it answered the late request once thawed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=30)

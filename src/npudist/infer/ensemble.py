@@ -26,6 +26,9 @@ _STOP, _PREDICT, _IDLE = 0, 1, 2
 class EnsembleError(RuntimeError):
     """A member failed on some rank; every rank raises it for the same request, and keeps serving."""
 
+    status = 500
+    """The HTTP status the front answers with."""
+
 
 @dataclass(frozen=True)
 class EnsembleResult:
@@ -42,6 +45,14 @@ class EnsembleResult:
     """The all-reduce, including waiting for the slowest member."""
     distribute_seconds: float = 0.0
     """Service mode only: sending the request from rank 0 to the other ranks."""
+    missing: tuple[str, ...] = ()
+    """Fan-out front only: the members left out of this answer, each with why (``world_size`` counts
+    those combined)."""
+
+    @property
+    def degraded(self) -> bool:
+        """Fewer members than the ensemble has made this answer."""
+        return bool(self.missing)
 
     @property
     def total_seconds(self) -> float:
@@ -64,6 +75,12 @@ class EnsembleStats:
     aggregate_seconds: float = 0.0
     member_failures: int = 0
     """Requests where this rank's own member failed."""
+    degraded: int = 0
+    """Fan-out front only: answers combined from fewer members than the ensemble has."""
+    members_expected: int = 0
+    """Fan-out front only: the members the ensemble has (0 elsewhere)."""
+    members_answering: int = 0
+    """Fan-out front only: members combined into the latest answer (or that answered the latest probe)."""
     inference: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
     """This rank's member, input to logits, per request (failed ones too: a timeout is a latency)."""
     runtime: str = ""
@@ -92,12 +109,9 @@ class EnsembleServer:
     def rank(self) -> int:
         return world()[0]
 
-    def predict(self, batch: Tensor) -> EnsembleResult:
-        """Collective: every rank calls it with the same batch shape and gets the same result.
-
-        A member that raises (or returns the wrong shape) does not leave the others waiting: its
-        failure travels in the same all-reduce and every rank raises EnsembleError.
-        """
+    def contribute(self, batch: Tensor) -> tuple[Tensor, str, float]:
+        """This rank's member on ``batch``: its [batch, classes] share of the sum (zeros when it failed),
+        the failure ("" when none) and the seconds it took. Never raises: a failure is data to pass on."""
         n = batch.shape[0]
         start = time.perf_counter()
         failure = ""
@@ -106,12 +120,22 @@ class EnsembleServer:
             if part.shape != (n, self.num_classes):
                 raise ValueError(f"member returned shape {tuple(part.shape)}, "
                                  f"expected ({n}, {self.num_classes})")
-        except Exception as exc:  # any member failure must still reach the all-reduce
+        except Exception as exc:  # any member failure must still reach the other ranks
             failure = f"{type(exc).__name__}: {exc}"
             part = torch.zeros(n, self.num_classes)
         compute = time.perf_counter() - start
         self.stats.inference.observe(compute)
         self.stats.member_failures += bool(failure)
+        return part, failure, compute
+
+    def predict(self, batch: Tensor) -> EnsembleResult:
+        """Collective: every rank calls it with the same batch shape and gets the same result.
+
+        A member that raises (or returns the wrong shape) does not leave the others waiting: its
+        failure travels in the same all-reduce and every rank raises EnsembleError.
+        """
+        n = batch.shape[0]
+        part, failure, compute = self.contribute(batch)
         tail = torch.tensor([1.0 if failure else 0.0, compute])
         payload = torch.cat([part.reshape(-1), tail])
         start = time.perf_counter()

@@ -4,10 +4,10 @@
     GET  /stats     requests, errors, bad requests and refusals so far
 
 Requests are read whole (head and body, under a deadline) by the front's own thread and parsed on
-its workers; rank 0's main thread only runs the collective of each valid request, one at a time, and
-pings the followers while idle. So no client, however slow, can hold the collective loop. Bad
-requests get a 4xx with the reason and never reach the other ranks; past the connection cap or the
-queue of pending requests a client gets 503.
+its workers; rank 0's main thread only runs the collective (or, with ``member_host``, the fan-out of
+npudist.infer.fanout) of each valid request, one at a time, and pings the other ranks while idle. So
+no client, however slow, can hold that loop. Bad requests get a 4xx with the reason and never reach the
+other ranks; past the connection cap or the queue of pending requests a client gets 503.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 
 from npudist.comm import busy
 from npudist.httpserve import Front, Limits, Reply, Request
+from npudist.infer import fanout
 from npudist.infer.ensemble import EnsembleError, EnsembleServer
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -100,13 +101,15 @@ def error_reply(status: int, message: str) -> Reply:
     return json_reply(status, {"error": message})
 
 
-def result_reply(server: EnsembleServer, result: Any) -> Reply:
-    """200 with the prediction; 500 when a member produced non-finite scores (JSON has no NaN)."""
+def result_reply(server: EnsembleServer | fanout.FanoutFront, result: Any) -> Reply:
+    """200 with the prediction; 500 when a member produced non-finite scores (JSON has no NaN).
+    ``ranks`` counts the members combined; ``degraded`` says some were left out, ``missing`` which and why."""
     if not bool(torch.isfinite(result.scores).all()):
         return error_reply(500, "the ensemble produced non-finite scores (NaN or inf) for this input; "
                                 "check the members on it")
     return json_reply(200, {"labels": result.labels.tolist(), "scores": result.scores.tolist(),
                             "combine": server.combine, "ranks": result.world_size,
+                            "degraded": result.degraded, "missing": list(result.missing),
                             "latency_seconds": result.latency()})
 
 
@@ -114,7 +117,7 @@ def result_reply(server: EnsembleServer, result: Any) -> Reply:
 class _Service:
     """Rank 0's front: routes on the front's workers, runs predictions on the caller's thread."""
 
-    server: EnsembleServer
+    server: EnsembleServer | fanout.FanoutFront
     allow_shutdown: bool
     front: Front | None = None
     work: queue.Queue = field(default_factory=lambda: queue.Queue(MAX_PENDING))
@@ -151,16 +154,20 @@ class _Service:
         refused = dict(self.front.refused) if self.front else {}  # one C-level copy: the front's thread counts on
         ok = max(s.requests - s.errors, 1)
         malformed = sum(n for status, n in refused.items() if status not in (408, 503))
-        return {"requests": s.requests, "errors": s.errors, "bad_requests": self.bad + malformed,
-                "timed_out_requests": refused.get(408, 0), "refused_busy": refused.get(503, 0),
-                "mean_compute_seconds": s.compute_seconds / ok, "mean_aggregate_seconds": s.aggregate_seconds / ok}
+        doc = {"requests": s.requests, "errors": s.errors, "bad_requests": self.bad + malformed,
+               "timed_out_requests": refused.get(408, 0), "refused_busy": refused.get(503, 0),
+               "mean_compute_seconds": s.compute_seconds / ok, "mean_aggregate_seconds": s.aggregate_seconds / ok}
+        if s.members_expected:
+            doc.update(degraded=s.degraded, members_expected=s.members_expected,
+                       members_answering=s.members_answering)
+        return doc
 
     def answer(self, request: Request, batch: torch.Tensor) -> None:
         """The collective for one request (this thread), the reply sent by a worker."""
         try:
             reply = result_reply(self.server, self.server.request(batch))
         except EnsembleError as exc:
-            reply = error_reply(500, str(exc))
+            reply = error_reply(exc.status, str(exc))
         assert self.front is not None
         self.front.reply_later(request, reply)
 
@@ -189,16 +196,30 @@ class _Service:
 
 def serve(server: EnsembleServer, host: str = "127.0.0.1", port: int = 8000, *, idle_seconds: float = 30.0,
           allow_shutdown: bool = False, on_ready: Callable[[int], None] | None = None,
-          limits: Limits | None = None) -> None:
+          limits: Limits | None = None, member_host: str | None = None, deadline_s: float = fanout.DEADLINE_S,
+          min_members: int | None = None) -> None:
     """Rank 0 serves HTTP until stopped (POST /shutdown when allowed, or Ctrl-C); other ranks follow.
 
-    While no request comes, rank 0 pings the followers every ``idle_seconds / 2`` so their waiting
-    collective never reaches the process group's timeout.
+    Without ``member_host`` every request is one collective over the process group, and while no
+    request comes rank 0 pings the followers every ``idle_seconds / 2`` so their waiting collective
+    never reaches the group's timeout. With ``member_host`` (an address, or ``auto``: the one each
+    rank's process group uses) every rank serves its member there and rank 0 fans each request out
+    (npudist.infer.fanout): a lost member makes answers degraded instead of failing them, as long as
+    ``min_members`` answer within ``deadline_s``; the idle pings probe the members, and a member that
+    hears nothing from the front for 20 x ``idle_seconds`` leaves.
     """
-    if server.rank != 0:
+    target: EnsembleServer | fanout.FanoutFront = server
+    if member_host is not None:
+        endpoint, front = fanout.start(server, member_host, deadline_s=deadline_s, min_members=min_members)
+        if endpoint is not None:
+            fanout.serve_member(endpoint, orphan_s=20 * idle_seconds)
+            return
+        assert front is not None
+        target = front
+    elif server.rank != 0:
         server.follow()
         return
-    service = _Service(server, allow_shutdown)
+    service = _Service(target, allow_shutdown)
     limits = limits or Limits(max_body_bytes=MAX_BODY_BYTES, request_timeout_s=REQUEST_TIMEOUT_S)
     try:
         service.front = Front(host, port, limits, error_reply, name="npudist-infer").start(service.handle)
@@ -212,4 +233,4 @@ def serve(server: EnsembleServer, host: str = "127.0.0.1", port: int = 8000, *, 
         if service.front is not None:
             service.front.close()
             service.drain()
-        server.stop()
+        target.stop()

@@ -1,0 +1,407 @@
+"""Cooperative inference that survives a lost board: rank 0 sends each request to every member over its
+own connection and combines the answers that came back within a deadline.
+
+A process group cannot lose a member: after a peer dies, gloo, HCCL and NCCL fail every later collective
+of the group, and a new group needs every old rank to take part. So this front does not serve through
+one: each rank serves its member over HTTP on its own address (``MemberEndpoint``), the addresses are
+exchanged once at start through one collective while every rank is alive, and rank 0's ``FanoutFront``
+asks each member on its own. A member that died, was cut off, missed the deadline or failed on the
+request is left out of that answer, which says so (``degraded``, ``missing``) instead of failing; the
+request fails only when fewer than ``min_members`` answered (503). A member that could not be reached
+is skipped for ``retry_s`` (doubling up to RETRY_MAX_S), so requests do not each wait out the deadline,
+and the idle probes take it back when it answers again.
+
+Wire (member side): ``POST /member`` with the batch as little-endian float32 (``X-Npudist-Shape: n,f``)
+answers this member's [n, classes] contribution the same way (422 with the reason when the member
+failed); ``GET /ping`` answers ``ok``; ``POST /stop`` ends the member's wait. Every request carries the
+job's token (``X-Npudist-Token``), made by rank 0 and sent in the start-up collective.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.client
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from npudist.httpserve import Front, Limits, Reply, Request
+from npudist.infer.collective import _gather_texts, world
+from npudist.infer.combine import finish
+from npudist.infer.ensemble import EnsembleError, EnsembleResult, EnsembleServer, EnsembleStats
+from npudist.runtime import network
+
+SHAPE, TOKEN, COMPUTE = "X-Npudist-Shape", "X-Npudist-Token", "X-Npudist-Compute-Seconds"
+DEADLINE_S = 5.0
+"""Default wait for the members' answers to one request, from when it is sent."""
+RETRY_S, RETRY_MAX_S = 2.0, 30.0
+"""An unreachable member is skipped for RETRY_S, doubling on each failure up to RETRY_MAX_S."""
+PROBE_S = 2.0
+"""Timeout of one idle probe (GET /ping) and of the stop message."""
+MAX_MEMBER_BYTES = 64 * 1024 * 1024
+
+
+class WireError(ValueError):
+    """A member request or answer that does not hold what its header says."""
+
+
+def encode(t: Tensor) -> tuple[str, bytes]:
+    """A 2-D tensor as (shape header, little-endian float32 bytes)."""
+    if t.dim() != 2:
+        raise WireError(f"only [rows, columns] tensors travel, got shape {tuple(t.shape)}")
+    data = t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+    return f"{t.shape[0]},{t.shape[1]}", data
+
+
+def decode(shape: str | None, body: bytes, columns: int | None = None) -> Tensor:
+    """The [n, f] float32 tensor of ``encode``; WireError naming what does not fit."""
+    try:
+        n, f = (int(v) for v in (shape or "").split(","))
+    except ValueError:
+        raise WireError(f"{SHAPE} must be 'rows,columns', got {str(shape)[:40]!r}") from None
+    if n < 1 or f < 1:
+        raise WireError(f"{SHAPE} {n},{f}: rows and columns must be at least 1")
+    if columns is not None and f != columns:
+        raise WireError(f"{f} columns where {columns} were expected")
+    if len(body) != 4 * n * f:
+        raise WireError(f"body has {len(body)} bytes; {SHAPE} {n},{f} needs {4 * n * f} (float32)")
+    return torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(n, f)
+
+
+def member_address(host: str) -> str:
+    """``auto``: the address this rank's peers reach it at (the interface that routes to MASTER_ADDR,
+    loopback when the job is on one host); anything else is taken as given."""
+    if host != "auto":
+        return host
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        if network.is_loopback(network.resolve(master)):
+            return "127.0.0.1"
+        return network.route_to(master).address
+    except network.NetworkError as exc:
+        raise ValueError(f"--member-host auto: no address found for this rank ({exc}); give this board's "
+                         "address instead") from None
+
+
+class MemberEndpoint:
+    """This rank's member served to the front: one request at a time (the runner is not shared)."""
+
+    def __init__(self, server: EnsembleServer, host: str, port: int = 0, limits: Limits | None = None) -> None:
+        """Listen now (OSError when ``host`` cannot be bound); serve after ``start``."""
+        self.server, self.token = server, ""
+        self.front = Front(host, port, limits or Limits(max_body_bytes=MAX_MEMBER_BYTES, request_timeout_s=30.0),
+                           name="npudist-member")
+        self.stopped = threading.Event()
+        """Set by the front's POST /stop."""
+        self.last_heard = time.monotonic()
+        self._run = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        return f"{self.front.host}:{self.front.port}"
+
+    def start(self, token: str) -> MemberEndpoint:
+        """Serve from now on, to requests that carry ``token`` (connections made since the endpoint
+        was created wait in the listen queue until then)."""
+        self.token = token
+        self.last_heard = time.monotonic()
+        self.front.start(self.handle)
+        return self
+
+    def handle(self, request: Request) -> Reply:
+        if not self.token or not hmac.compare_digest(request.head.headers.get(TOKEN) or "", self.token):
+            return _text(403, "this member answers its own job's front only (wrong or missing token)")
+        self.last_heard = time.monotonic()
+        route = (request.head.method, request.head.path)
+        if route == ("GET", "/ping"):
+            return _text(200, "ok")
+        if route == ("POST", "/stop"):
+            self.stopped.set()
+            return _text(200, "stopping")
+        if route != ("POST", "/member"):
+            return _text(404, "POST /member, GET /ping or POST /stop")
+        try:
+            batch = decode(request.head.headers.get(SHAPE), request.body, self.server.input_features)
+        except WireError as exc:
+            return _text(400, str(exc))
+        with self._run:
+            part, failure, compute = self.server.contribute(batch)
+            self.server.stats.requests += 1
+            self.server.stats.compute_seconds += compute
+        if failure:
+            return _text(422, f"member failed: {failure}")
+        shape, body = encode(part)
+        return Reply(200, body, ((SHAPE, shape), (COMPUTE, f"{compute:.9f}"),
+                                 ("Content-Type", "application/octet-stream")))
+
+    def wait(self, orphan_s: float) -> bool:
+        """Serve until the front says stop (True) or has not been heard from for ``orphan_s`` (False)."""
+        while not self.stopped.wait(min(1.0, orphan_s)):
+            if time.monotonic() - self.last_heard > orphan_s:
+                return False
+        return True
+
+    def close(self) -> None:
+        self.front.close(wait=True)
+
+
+def _text(status: int, message: str) -> Reply:
+    return Reply(status, f"{message}\n".encode(), (("Content-Type", "text/plain; charset=utf-8"),))
+
+
+@dataclass
+class Member:
+    """A member as the front sees it: where it listens and whether it answered lately."""
+
+    rank: int
+    node: str
+    host: str
+    port: int
+    retry_s: float = RETRY_S
+    down_until: float = 0.0
+    """Monotonic time before which requests skip it (0: up)."""
+    failures: int = 0
+    """Failures in a row (connection, timeout); the skip doubles with each."""
+    last_error: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank} on {self.node} ({self.host}:{self.port})"
+
+    def skipped(self, now: float) -> bool:
+        return now < self.down_until
+
+    def lost(self, why: str, now: float) -> None:
+        self.failures += 1
+        self.last_error = why
+        self.down_until = now + min(RETRY_MAX_S, self.retry_s * 2 ** (self.failures - 1))
+
+    def back(self) -> None:
+        self.failures, self.down_until, self.last_error = 0, 0.0, ""
+
+
+class MemberFailed(RuntimeError):
+    """The member answered, with a failure on this request: it is alive and stays in."""
+
+
+def _call(member: Member, method: str, path: str, token: str, timeout: float, body: bytes = b"",
+          shape: str = "") -> tuple[bytes, dict[str, str]]:
+    conn = http.client.HTTPConnection(member.host, member.port, timeout=timeout)
+    try:
+        headers = {TOKEN: token, "Content-Length": str(len(body))}
+        if shape:
+            headers[SHAPE] = shape
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status == 422:
+            raise MemberFailed(data.decode("utf-8", "replace").strip())
+        if resp.status != 200:
+            raise OSError(f"HTTP {resp.status}: {data.decode('utf-8', 'replace').strip()[:200]}")
+        return data, {k: v for k, v in resp.getheaders()}
+    finally:
+        conn.close()
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens: the member process is gone)"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"unreachable: {os.strerror(exc.errno)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class FanoutFront:
+    """Rank 0's side: the same ``request``/``idle``/``stop`` the HTTP front drives on an EnsembleServer."""
+
+    server: EnsembleServer
+    members: list[Member]
+    """Every other rank's member (rank 0's own runs here, in process)."""
+    token: str
+    deadline_s: float = DEADLINE_S
+    min_members: int | None = None
+    """Answers needed for a reply; None: half the ensemble, rounded up."""
+    _pool: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive, got {self.deadline_s}")
+        need = self.needed
+        if not 1 <= need <= self.expected:
+            raise ValueError(f"min_members={self.min_members}: give 1 to {self.expected}, the ensemble's size")
+        # Twice the members: a request's late calls may still run (bounded by the deadline) as the next starts.
+        self._pool = ThreadPoolExecutor(max(2, 2 * len(self.members)), thread_name_prefix="npudist-fanout")
+        self.stats.members_expected = self.stats.members_answering = self.expected
+
+    @property
+    def expected(self) -> int:
+        return len(self.members) + 1
+
+    @property
+    def needed(self) -> int:
+        return self.min_members if self.min_members is not None else math.ceil(self.expected / 2)
+
+    @property
+    def stats(self) -> EnsembleStats:
+        return self.server.stats
+
+    @property
+    def combine(self) -> str:
+        return self.server.combine
+
+    @property
+    def input_features(self) -> int | None:
+        return self.server.input_features
+
+    @property
+    def max_batch(self) -> int:
+        return self.server.max_batch
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    def request(self, batch: Tensor) -> EnsembleResult:
+        """Ask every member not being skipped, this rank's own member meanwhile; combine what came back."""
+        start = time.monotonic()
+        shape, body = encode(batch.float())
+        asked = [m for m in self.members if not m.skipped(start)]
+        calls = {self._pool.submit(_call, m, "POST", "/member", self.token, self.deadline_s, body, shape): m
+                 for m in asked}
+        part, failure, compute = self.server.contribute(batch)
+        waited = time.perf_counter()
+        wait(calls, timeout=max(0.0, start + self.deadline_s - time.monotonic()))
+        aggregate = time.perf_counter() - waited
+        now = time.monotonic()
+        parts, seconds = ([part], [compute]) if not failure else ([], [])
+        missing = [f"rank 0 (this front): {failure}"] if failure else []
+        missing += [f"{m.name}: skipped for {m.down_until - now:.1f} s more after {m.failures} failure(s): "
+                    f"{m.last_error}" for m in self.members if m not in asked]
+        for call, m in calls.items():
+            why = self._collect(call, m, now, batch.shape[0], parts, seconds)
+            if why:
+                missing.append(f"{m.name}: {why}")
+        self.stats.requests += 1
+        self.stats.members_answering = len(parts)
+        if len(parts) < self.needed:
+            self.stats.errors += 1
+            error = EnsembleError(f"only {len(parts)} of {self.expected} ensemble members answered "
+                                  f"(at least {self.needed} needed): " + "; ".join(missing))
+            error.status = 503
+            raise error
+        labels, scores = finish(torch.stack(parts).sum(0), len(parts), self.combine)
+        self.stats.degraded += bool(missing)
+        self.stats.compute_seconds += compute
+        self.stats.aggregate_seconds += aggregate
+        return EnsembleResult(labels, scores, len(parts), compute, sum(seconds) / len(parts), aggregate,
+                              missing=tuple(missing))
+
+    def _collect(self, call: Future, m: Member, now: float, rows: int, parts: list[Tensor],
+                 seconds: list[float]) -> str:
+        """Add ``m``'s answer to ``parts``; or the reason it is left out (and skip it a while when unreachable)."""
+        if not call.done():
+            call.cancel()
+            m.lost(f"no answer within {self.deadline_s:g} s", now)
+            return m.last_error
+        exc = call.exception()
+        if isinstance(exc, MemberFailed):
+            return str(exc)
+        if exc is not None:
+            m.lost(_why(exc), now)
+            return m.last_error
+        data, headers = call.result()
+        try:
+            part = decode(headers.get(SHAPE), data, self.server.num_classes)
+            if part.shape[0] != rows:
+                raise WireError(f"{part.shape[0]} rows for a batch of {rows}")
+        except WireError as exc:
+            return f"answer unusable: {exc}"
+        m.back()
+        parts.append(part)
+        seconds.append(float(headers.get(COMPUTE) or 0.0))
+        return ""
+
+    def idle(self) -> None:
+        """Probe every member (GET /ping): takes back those that answer, marks lost those that do not, and
+        keeps the members' orphan timers from running out while no request comes."""
+        now = time.monotonic()
+        due = [m for m in self.members if not m.skipped(now)]
+        calls = {self._pool.submit(_call, m, "GET", "/ping", self.token, PROBE_S): m for m in due}
+        wait(calls, timeout=PROBE_S + 1.0)
+        now = time.monotonic()
+        for call, m in calls.items():
+            exc = call.exception() if call.done() else TimeoutError()
+            if exc is None:
+                m.back()
+            else:
+                m.lost(_why(exc), now)
+        self.stats.members_answering = 1 + sum(1 for m in self.members if not m.skipped(now))
+
+    def stop(self) -> None:
+        """Tell every member to stop (those gone are not waited for beyond PROBE_S), then end the pool."""
+        calls = [self._pool.submit(_call, m, "POST", "/stop", self.token, PROBE_S) for m in self.members]
+        wait(calls, timeout=PROBE_S + 1.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start(server: EnsembleServer, member_host: str = "127.0.0.1", *, deadline_s: float = DEADLINE_S,
+          min_members: int | None = None) -> tuple[MemberEndpoint | None, FanoutFront | None]:
+    """Collective, every rank: start this rank's member endpoint (not on rank 0, whose member runs in the
+    front) and exchange addresses. Returns (endpoint, None) on other ranks, (None, front) on rank 0.
+
+    Raises ValueError on every rank, none left waiting, when a rank could not bind its member's
+    address, or when a member on another node listens on loopback (the front could never reach it).
+    """
+    rank = world()[0]
+    token = secrets.token_hex(16) if rank == 0 else ""
+    endpoint, problem = None, ""
+    try:  # a rank that cannot serve still takes part in the exchange, so that every rank raises, none hangs
+        host = member_address(member_host)
+        if rank != 0:
+            endpoint = MemberEndpoint(server, host)
+        address = endpoint.address if endpoint else f"{host}:0"
+    except (OSError, ValueError) as exc:
+        problem, address = f"{type(exc).__name__}: {exc}", ""
+    node = socket.gethostname().encode("ascii", "replace").decode().replace("|", "?")
+    try:
+        rows = [row.split("|") for row in _gather_texts(f"{node}|{address}|{token}")]
+        unable = [f"rank {r} on {n}" for r, (n, a, _) in enumerate(rows) if not a]
+        if unable:
+            why = problem or "the error on that rank says why"
+            raise ValueError(f"the fan-out front cannot start: no member address on {', '.join(unable)} "
+                             f"(member host {member_host!r}; {why})")
+        members = []
+        for r, (n, a, _) in enumerate(rows[1:], 1):
+            h, _, p = a.rpartition(":")
+            if network.is_loopback(h) and n != rows[0][0]:
+                raise ValueError(f"rank {r} on {n} serves its member on {h}, which the front on {rows[0][0]} "
+                                 "cannot reach; start every rank with --member-host auto (the address its "
+                                 "process group uses) or with that board's own address")
+            members.append(Member(r, n, h, int(p)))
+    except BaseException:
+        if endpoint is not None:
+            endpoint.close()
+        raise
+    if endpoint is not None:
+        return endpoint.start(rows[0][2]), None
+    return None, FanoutFront(server, members, token, deadline_s, min_members)
+
+
+def serve_member(endpoint: MemberEndpoint, orphan_s: float) -> bool:
+    """Other ranks: serve until the front says stop (True) or is silent for ``orphan_s`` (False)."""
+    try:
+        return endpoint.wait(orphan_s)
+    finally:
+        endpoint.close()
+
