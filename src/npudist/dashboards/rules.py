@@ -280,6 +280,13 @@ ALERTS: tuple[Alert, ...] = (
           "No fresh in-memory copy: a lost node would restart from disk",
           f"{_WHERE}: the newest copy of its state on its partner's node is {{{{ $value }}}} steps old; a node "
           "lost now restarts from the disk checkpoint, losing up to --checkpoint-every steps."),
+    # Only a fan-out front (npudist.infer.fanout) exports these two; their labels are the same rank's.
+    Alert("NpudistEdgeEnsembleDegraded",
+          "npudist_edge_members_answering < npudist_edge_members_expected", "1m", "P2",
+          "The edge ensemble answers without some of its members",
+          f"The fan-out front, {_WHERE}, has combined its answers from {{{{ $value }}}} members, fewer than the "
+          "ensemble has, for a minute: a board is down, cut off or slower than the deadline. Answers go on, "
+          "marked degraded, each naming the missing members."),
     Alert("NpudistTrainingStalled",
           f"increase(npudist_steps_total[{WINDOW}]) == 0\nand on (job, instance) (up{{{JOB_MATCH}}} == 1)", "5m", "P1",
           "Training stalled: no step for 5 minutes while the job is up",

@@ -322,6 +322,17 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Always 1; labels name this rank's member runtime (torch, rknnlite, rknn-sim) and the NPU "
               "core mask it runs with (auto, 0, 0_1, 0_1_2, all; none off an NPU).",
               (*RANK_LABELS, "runtime", "core_mask"), "EnsembleServer.stats (npudist.infer)"),
+    MetricDef("npudist_edge_members_expected", "gauge", "",
+              "Members of the ensemble behind this fan-out front (rank 0 with --member-host), its own included.",
+              RANK_LABELS, "EnsembleServer.stats (npudist.infer.fanout)"),
+    MetricDef("npudist_edge_members_answering", "gauge", "",
+              "Members combined into the front's latest answer (or answering its latest idle probe); below "
+              "npudist_edge_members_expected the answers are degraded.", RANK_LABELS,
+              "EnsembleServer.stats (npudist.infer.fanout)"),
+    MetricDef("npudist_edge_degraded_answers_total", "counter", "",
+              "Answers the fan-out front combined from fewer members than the ensemble has (a member lost, "
+              "late or failing); each such answer says degraded and names the missing members.", RANK_LABELS,
+              "EnsembleServer.stats (npudist.infer.fanout)"),
     MetricDef("npudist_collector_errors_total", "counter", "",
               "Failed reads by collector and reason (timeout, too_large, exit_code, parse, missing, config, error).",
               ("collector", "reason"), "exporter self-monitoring"),

@@ -1,5 +1,6 @@
 """Edge inference metrics from an ``npudist.infer.EnsembleServer``'s stats: this rank's member latency
-histogram, its failures, and the runtime and NPU core mask it runs with.
+histogram, its failures, and the runtime and NPU core mask it runs with; on a fan-out front, also the
+members it has, those answering and the degraded answers.
 
 Read by attribute like the checkpoint collector, so telemetry imports nothing from npudist.infer.
 """
@@ -32,6 +33,7 @@ class EdgeCollector:
             buckets, total, _ = s.inference.buckets()
             labels = [*self.labels, str(s.runtime), str(s.core_mask)]
             failures = int(s.member_failures)
+            members = (int(s.members_expected), int(s.members_answering), int(s.degraded))
         except Exception:
             self.health.error(NAME, "error", time.monotonic() - began)
             return
@@ -45,3 +47,9 @@ class EdgeCollector:
         fam = family("npudist_edge_runtime_info")
         fam.add_metric(labels, 1)
         yield fam
+        if members[0]:  # only a fan-out front knows the ensemble's members
+            for name, value in zip(("npudist_edge_members_expected", "npudist_edge_members_answering",
+                                    "npudist_edge_degraded_answers_total"), members, strict=True):
+                fam = family(name)
+                fam.add_metric(self.labels, value)
+                yield fam
