@@ -255,3 +255,69 @@ def test_a_rank_killed_on_another_node_resumes_from_memory_exactly_as_from_disk(
     final = {name: _FINAL.search(text).groups() for name, text in logs.items()}
     assert final["memory"] == final["disk"], final  # step, loss and params_sha256
     assert final["memory"][:2] == final["ref"][:2], final
+
+
+EDGE = str(REPO / "examples" / "edge_ensemble.py")
+
+
+def _predict(url: str, body: bytes, timeout: float = 15.0) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("fault", ["kill_node", "partition"])
+def test_the_edge_front_keeps_answering_from_three_boards_when_one_is_lost(tmp_path, fault):
+    """The seed's edge cluster: 4 boards (one namespace each, 1 rank, gloo over their own addresses) serve the
+    cooperative ensemble through rank 0's fan-out front. A client streams one request after another; board 2
+    is lost mid-stream. Every request is still answered: degraded from then on, from the other three, naming
+    the lost board; a partitioned board is taken back once its cable is in again."""
+    x = json.dumps({"inputs": [[0.3, -1.2, 0.5, 2.0, -0.7, 1.1, 0.0, -2.2]]}).encode()
+    port_file = tmp_path / "port"
+    with Cluster(4) as c:
+        n0, lost = c.nodes[0], c.nodes[2]
+        for n in c.nodes:
+            c.launch(n, [EDGE, "--steps", "40", "--test-samples", "200", "--serve", "--host", n0.address,
+                         "--port", "0", "--port-file", str(port_file), "--member-host", "auto", "--deadline", "2"],
+                     nproc=1, env=_env(), launch_args=["--metrics-port", "9471"], log=tmp_path / f"{n.hostname}.log")
+        started = _until(lambda: port_file.exists() and port_file.read_text(), 240, every=0.5)
+        assert started, (tmp_path / "node0.log").read_text()[-3000:]
+        url = f"http://{n0.address}:{port_file.read_text()}/predict"
+        answers: list[tuple[float, int, dict]] = []
+
+        def stream(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                answers.append((time.monotonic(), *_predict(url, x)))
+                time.sleep(0.1)
+
+        stream(3)
+        fault_at = time.monotonic()
+        getattr(c, fault)(lost)
+        stream(12)
+        metrics = c.run(n0, [PY, "-c", "import urllib.request; print(urllib.request.urlopen("
+                                      "'http://127.0.0.1:9471/metrics', timeout=10).read().decode())"]).stdout
+        if fault == "partition":
+            c.heal(lost)
+            healed = _until(lambda: _predict(url, x)[1].get("ranks") == 4, 60, every=0.5)
+    assert [s for _, s, _ in answers] == [200] * len(answers), [d for _, s, d in answers if s != 200][:3]
+    before = [d for t, _, d in answers if t < fault_at]
+    after = [d for t, _, d in answers if t > fault_at + 2.5]  # past one deadline: every answer knows
+    assert before and all((d["ranks"], d["degraded"]) == (4, False) for d in before), before[:2]
+    assert after and all((d["ranks"], d["degraded"]) == (3, True) for d in after), after[:2]
+    assert all(m.startswith(f"rank 2 on node2 ({lost.address}:") for d in after for m in d["missing"]), after[-1]
+    # The degraded answer is the mean of the other three: 4 x (all four) - 3 x (the three) is board 2's own
+    # probabilities, a distribution over the classes.
+    board2 = [4 * a - 3 * b for a, b in zip(before[-1]["scores"][0], after[-1]["scores"][0], strict=True)]
+    assert min(board2) > -1e-4 and abs(sum(board2) - 1) < 1e-4, board2
+    assert re.search(r"^npudist_edge_members_answering\{[^}]*\} 3\.0$", metrics, re.M), metrics[-2000:]
+    degraded = re.search(r"^npudist_edge_degraded_answers_total\{[^}]*\} (\d+)\.0$", metrics, re.M)
+    assert degraded and int(degraded[1]) >= len(after), metrics[-2000:]
+    if fault == "partition":
+        assert healed, "board 2 was not taken back within 60 s of the heal"
