@@ -173,3 +173,27 @@ def test_a_member_on_another_node_listening_on_loopback_is_refused_at_start(monk
     endpoint, front = fanout.start(_server(0), "127.0.0.1")
     assert endpoint is None and [(m.rank, m.port) for m in front.members] == [(1, 4100)]
     front.stop()
+
+
+def test_the_front_exports_its_members_and_degraded_answers_and_a_member_does_not(ensemble):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.job.edge_metrics import EdgeCollector
+
+    front, endpoints, _ = ensemble
+    front.request(X)
+    endpoints[1].close()
+    front.request(X)
+    front.request(X)
+    text = {}
+    for who, stats in (("front", lambda: front.stats), ("member", lambda: endpoints[0].server.stats)):
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(EdgeCollector(CollectorHealth(), ("0", "0", "board0", "", "", ""), stats))
+        text[who] = generate_latest(registry).decode()
+    labels = 'chip="",device="",local_rank="0",node="board0",rank="0",run=""'
+    assert f"npudist_edge_members_expected{{{labels}}} 4.0" in text["front"]
+    assert f"npudist_edge_members_answering{{{labels}}} 3.0" in text["front"]
+    assert f"npudist_edge_degraded_answers_total{{{labels}}} 2.0" in text["front"]
+    assert "npudist_edge_inference_duration_seconds_count" in text["member"]
+    assert "npudist_edge_members" not in text["member"] and "degraded" not in text["member"]
