@@ -409,3 +409,37 @@ def test_a_live_rank_left_inside_a_passed_call_looks_at_a_bounded_number_of_rank
     reader._judge(reader.read(), 12.0, "")
     assert reader.verdict["culprits"] == [0] and reader.verdict["states"] == {"0": "out_of_order"}
     assert max(len(p) for p in probed) == hang_reader.AHEAD_LOOKED_AT
+
+
+class SlowStore(CountingStore):
+    """The job's store behind a link: each ``add`` waits the next of ``delays`` seconds first."""
+
+    def __init__(self, inner: dist.Store, delays: list[float]) -> None:
+        super().__init__(inner)
+        self.delays = delays
+
+    def add(self, *args):
+        time.sleep(self.delays.pop(0))
+        return self.inner.add(*args)
+
+
+def test_a_rank_behind_a_slow_link_reports_its_store_round_trip_and_one_slow_poll_moves_nothing(store):
+    from npudist.telemetry.exposition.collector_health import CollectorHealth
+    from npudist.telemetry.job.comm_metrics import CommCollector
+
+    behind = _watchdog(3, SlowStore(store.clone(), [0.12] * 5))
+    quiet = _watchdog(1, SlowStore(store.clone(), [0.0, 0.0, 0.0, 0.0, 0.3]))
+    assert behind.store_rtt_s is None  # before its first poll: no figure, no series
+    for _ in range(5):
+        behind._poll()
+        quiet._poll()
+    assert behind.store_rtt_s >= 0.12
+    assert quiet.store_rtt_s < 0.1  # the median of 5: one 0.3 s poll (a pause) is not a slow link
+    labels = ["3", "0", "node3", "cpu", "0", "r1"]
+    fams = {f.name: f for f in CommCollector(CollectorHealth(), labels, stats=lambda: type("S", (), {"ops": ()})(),
+                                             stall=lambda: None, store_rtt=lambda: behind.store_rtt_s).collect()}
+    assert [s.value for s in fams["npudist_rank_store_rtt_seconds"].samples] == [behind.store_rtt_s]
+    health = CollectorHealth()
+    fams = {f.name for f in CommCollector(health, labels, stats=lambda: type("S", (), {"ops": ()})(),
+                                          stall=lambda: None, store_rtt=lambda: 1 / 0).collect()}
+    assert "npudist_rank_store_rtt_seconds" not in fams and health.errors("comm") == {"error": 1}

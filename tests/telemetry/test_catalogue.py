@@ -75,7 +75,9 @@ def test_issue_metric_names_are_all_catalogued():
         "npudist_peer_snapshot_blocking_seconds_total", "npudist_peer_snapshot_failures_total",
         "npudist_recoveries_total",
         # issue 35: the edge front that answers without a lost board
-        "npudist_edge_members_expected", "npudist_edge_members_answering", "npudist_edge_degraded_answers_total"]
+        "npudist_edge_members_expected", "npudist_edge_members_answering", "npudist_edge_degraded_answers_total",
+        # issue 35: a node behind a slow link
+        "npudist_rank_store_rtt_seconds"]
     assert sorted(catalogue.BY_NAME) == sorted(wanted)
     assert catalogue.BY_NAME["npudist_step_duration_seconds"].type == "histogram"
     assert catalogue.BY_NAME["npudist_collective_adaptations_total"].labels[-1] == "kind"

@@ -18,6 +18,7 @@ from npudist.comm.state import (
     set_recording,
     set_run_dir,
     stats,
+    store_rtt_seconds,
     where,
 )
 from npudist.comm.watchdog import CollectiveHangError
@@ -57,5 +58,6 @@ __all__ = [
     "set_recording",
     "set_run_dir",
     "stats",
+    "store_rtt_seconds",
     "where",
 ]

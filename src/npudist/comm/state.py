@@ -153,6 +153,13 @@ def progress() -> dict[str, object] | None:
     return dict(vars(rec)) if rec is not None else None
 
 
+def store_rtt_seconds() -> float | None:
+    """This rank's median round trip to the job's store, from its watchdog's control polls (one a
+    second); None before the first poll or without a watchdog."""
+    rt = peek()  # a scrape never starts a Runtime
+    return rt.comm.watchdog.store_rtt_s if rt is not None and rt.comm is not None else None
+
+
 def hang_stall_seconds() -> float | None:
     """Seconds since any rank's last collective progress, as this rank's hang reader saw it at its last
     read; None on ranks without the reader (all but rank 0) or before its first read."""

@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import timedelta
@@ -67,6 +68,9 @@ from npudist.runtime.report_file import write_report
 log = logging.getLogger("npudist.comm")
 PUBLISH_INTERVAL_S = 1.0
 """The watchdog thread's period: one record publish and one control poll per period at most."""
+STORE_RTT_SAMPLES = 8
+"""The store round trip a rank reports is the median of its last this many control polls (one a period):
+one slow poll (a pause of the process) moves nothing, a slow link moves it within seconds."""
 HANG_EXIT_CODE = 124
 """Exit status of a rank aborted after a hang verdict (timeout(1)'s "timed out")."""
 ABORT_STEP = 1_000_000
@@ -148,6 +152,7 @@ class Watchdog:
         self._failures = 0
         self._failing_since: float | None = None
         self._failing_seq: int | None = None
+        self._rtts: deque[float] = deque(maxlen=STORE_RTT_SAMPLES)
         self.run_dir = run_dir
         """Where hang reports are written (None: nowhere)."""
 
@@ -210,6 +215,13 @@ class Watchdog:
             if not self._dirty.is_set():
                 self._dirty.set()
 
+    @property
+    def store_rtt_s(self) -> float | None:
+        """Median seconds of this rank's recent round trips to the job's store (None before the first).
+        The store is on the master's node, so a rank behind a slow or lossy link sees it in every one."""
+        samples = sorted(tuple(self._rtts))  # tuple(): one C-level copy while the thread appends
+        return samples[len(samples) // 2] if samples else None
+
     def step_started(self) -> None:
         """A training step began (DDP's forward with gradients): counted in the record."""
         rec = self.record
@@ -242,7 +254,9 @@ class Watchdog:
         rec, store = self.record, self._connect()
         if rec is None or store is None:
             return
+        began = time.monotonic()
         value = int(store.add(ctl_key(), 0))
+        self._rtts.append(time.monotonic() - began)
         if value == self._ctl_seen:
             return
         self._ctl_seen = value

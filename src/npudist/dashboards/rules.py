@@ -280,6 +280,16 @@ ALERTS: tuple[Alert, ...] = (
           "No fresh in-memory copy: a lost node would restart from disk",
           f"{_WHERE}: the newest copy of its state on its partner's node is {{{{ $value }}}} steps old; a node "
           "lost now restarts from the disk checkpoint, losing up to --checkpoint-every steps."),
+    # A slow link does not make its ranks stragglers (a synchronous collective ends at once on every rank),
+    # but every one of their store round trips crosses it. The reference is the job's faster quarter, so a
+    # link behind half the ranks (2 nodes, the store on one) still stands out; the floor keeps jitter out.
+    Alert("NpudistSlowNodeLink",
+          "npudist_rank_store_rtt_seconds > 0.05\nand\nnpudist_rank_store_rtt_seconds\n"
+          "  > on (job) group_left () (10 * quantile by (job) (0.25, npudist_rank_store_rtt_seconds))",
+          "1m", "P2", "A node's network is slow: its ranks' round trips are 10x the job's fastest",
+          f"{_WHERE}: round trips to the job's store take {{{{ $value | humanizeDuration }}}}, over 10 times "
+          "those of the job's faster quarter of ranks: that node's link is slow or drops packets (or the host is "
+          "overloaded), and every collective of the job waits for it."),
     # Only a fan-out front (npudist.infer.fanout) exports these two; their labels are the same rank's.
     Alert("NpudistEdgeEnsembleDegraded",
           "npudist_edge_members_answering < npudist_edge_members_expected", "1m", "P2",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudist.testing.cluster import Cluster
-from npudist.testing.cluster_monitor import Monitor
+from npudist.testing.cluster_monitor import RANK_PORT, Fired, Monitor
 
 FAULTS = ("kill_node", "partition", "kill_rank", "stop_rank", "slow_rank", "slow_link")
 SLOW_FACTOR = 1.3
@@ -90,6 +90,18 @@ def _worker_pid(c: Cluster, node, rank: int) -> int | None:
         if "train_ddp.py" in cmd and " launch " not in cmd and env.get("RANK") == str(rank):
             return pid
     return None
+
+
+SLOW_LINK_ALERT = "NpudistSlowNodeLink"
+
+
+def _alerted_rank(c: Cluster, fired: Fired, nproc: int) -> int | None:
+    """The global rank behind an alert on a rank target (``NODE_ADDRESS:RANK_PORT+local_rank``)."""
+    address, _, port = fired.where.rpartition(":")
+    node = next((n for n in c.nodes if n.address == address), None)
+    if node is None or not port.isdigit() or not 0 <= int(port) - RANK_PORT < nproc:
+        return None
+    return node.index * nproc + int(port) - RANK_PORT
 
 
 def _survivors_reports(run: Path, victim_ranks: range) -> list[Path]:
@@ -196,13 +208,23 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
                         break
         reports = _survivors_reports(run, victim_ranks)
         flagged = [m for _, ln in logs[0].lines[mark:] if (m := _STRAGGLER.match(ln))]
-        if reports or flagged:
-            # The job's own first word on it: a verdict file, else the straggler line rank 0 logs.
-            ranks, cause = _blamed(reports[0]) if reports else ([int(flagged[0][1])], f", cause {flagged[0][2]}")
+        slow_link = mon.fired.get(SLOW_LINK_ALERT) if mon else None
+        link_rank = _alerted_rank(c, slow_link, nproc) if slow_link else None
+        if reports or flagged or link_rank is not None:
+            # The job's own first word on it: a verdict file, else the straggler line rank 0 logs, else
+            # the slow-link alert (a slow link makes no straggler: every rank's steps slow alike).
+            if reports or flagged:
+                ranks, cause = _blamed(reports[0]) if reports else ([int(flagged[0][1])], f", cause {flagged[0][2]}")
+            else:
+                assert slow_link is not None and link_rank is not None
+                ranks, cause = [link_rank], f", alert {SLOW_LINK_ALERT}"
+                if trial.detect_s is None:
+                    trial.detect_s = slow_link.after_s
             trial.named = c.describe(ranks, nproc) + cause
             culprit = set(victim_ranks if fault in ("kill_node", "partition", "slow_link") else [last])
             trial.named_right = "right" if set(ranks) == culprit else "also names others" \
-                if culprit <= set(ranks) else "wrong"
+                if culprit <= set(ranks) else "right (a rank of it)" \
+                if fault == "slow_link" and set(ranks) <= culprit else "wrong"
             reader = [_blamed(r)[0] for r in reports if r.name.startswith("hang-attempt")]
             if reader and sorted(reader[0]) != sorted(ranks):
                 trial.notes.append(f"rank 0's reader verdict named {c.describe(reader[0], nproc)}")

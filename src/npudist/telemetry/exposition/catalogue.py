@@ -274,6 +274,10 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Seconds since any rank's collective progress, as the job's hang reader sees it (rank 0 only); "
               "a hang verdict comes when it passes the bound (NPUDIST_HANG_TIMEOUT or deduced).", RANK_LABELS,
               "rank 0's watchdog thread, one store read a second"),
+    MetricDef("npudist_rank_store_rtt_seconds", "gauge", "seconds",
+              "Median of this rank's last 8 round trips to the job's store (on the master's node): a rank "
+              "behind a slow or lossy link sees it in every one, while its step times stay level with the others'.",
+              RANK_LABELS, "the watchdog thread's control poll, one a second"),
     MetricDef("npudist_checkpoint_snapshot_duration_seconds", "histogram", "seconds",
               "Time a checkpoint save held the training loop: the host copy of the state for asynchronous "
               "saves (plus any wait for the previous write), the whole save for synchronous ones.",

@@ -47,11 +47,13 @@ def histogram_buckets(pairs: Sequence[tuple[float, int]]) -> list[tuple[str, flo
 
 class CommCollector:
     def __init__(self, health: CollectorHealth, rank_labels: Sequence[str],
-                 stats: Callable[[], Any] | None = None, stall: Callable[[], float | None] | None = None) -> None:
+                 stats: Callable[[], Any] | None = None, stall: Callable[[], float | None] | None = None,
+                 store_rtt: Callable[[], float | None] | None = None) -> None:
         self.health, self.labels = health, rank_label_values(rank_labels)
         self._stats = stats
         self._resolved = stats is not None
         self._stall = stall
+        self._store_rtt = store_rtt
 
     def _stats_function(self) -> Callable[[], Any] | None:
         if not self._resolved:
@@ -99,13 +101,18 @@ class CommCollector:
         yield from self._stall_family()
 
     def _stall_family(self) -> Iterator[Metric]:
-        stall_fn = self._stall if self._stall is not None else comm_stats_function("hang_stall_seconds")
+        yield from self._seconds("npudist_hang_stall_seconds", self._stall, "hang_stall_seconds")
+        yield from self._seconds("npudist_rank_store_rtt_seconds", self._store_rtt, "store_rtt_seconds")
+
+    def _seconds(self, name: str, given: Callable[[], float | None] | None, function: str) -> Iterator[Metric]:
+        """One gauge of seconds from ``given`` (else npudist.comm's ``function``); nothing while it has none."""
+        fn = given if given is not None else comm_stats_function(function)
         try:
-            seconds = stall_fn() if stall_fn is not None else None
+            seconds = fn() if fn is not None else None
         except Exception:
             self.health.error(NAME, "error")
             return
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
-            fam = family("npudist_hang_stall_seconds")
+            fam = family(name)
             fam.add_metric(self.labels, float(seconds))
             yield fam
