@@ -276,6 +276,7 @@ class FanoutFront:
         """Ask every member not being skipped, this rank's own member meanwhile; combine what came back."""
         start = time.monotonic()
         shape, body = encode(batch.float())
+        skipped = [m for m in self.members if m.skipped(start)]
         asked = [m for m in self.members if not m.skipped(start)]
         calls = {self._pool.submit(_call, m, "POST", "/member", self.token, self.deadline_s, body, shape): m
                  for m in asked}
@@ -287,7 +288,7 @@ class FanoutFront:
         parts, seconds = ([part], [compute]) if not failure else ([], [])
         missing = [f"rank 0 (this front): {failure}"] if failure else []
         missing += [f"{m.name}: skipped for {m.down_until - now:.1f} s more after {m.failures} failure(s): "
-                    f"{m.last_error}" for m in self.members if m not in asked]
+                    f"{m.last_error}" for m in skipped]
         for call, m in calls.items():
             why = self._collect(call, m, now, batch.shape[0], parts, seconds)
             if why:
