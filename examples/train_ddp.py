@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=1.0,
                    help="testing: the slow rank's steps take this many times as long (1.3 = a 1.3x rank)")
     p.add_argument("--slow-from", type=int, default=1, help="testing: the first step the slow rank is slow")
+    p.add_argument("--slow-when", metavar="PATH",
+                   help="testing: the slow rank is slow only from the first step at which PATH exists")
     p.add_argument("--exchange-every", type=int, default=20, help="steps between cross-rank skew exchanges")
     p.add_argument("--op-ranks", type=int, default=0,
                    help="profile operators on about this many ranks spread over the job (0 = every rank)")
@@ -366,6 +368,7 @@ def train(args: argparse.Namespace, at: Position) -> None:
     runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start, source) if args.run_dir else None
     began, step, saved = time.perf_counter(), start, None
     end_step()  # starts the first step's clock
+    slow_now = not args.slow_when
     for step in range(start + 1, args.steps + 1):
         began = time.perf_counter()
         try:
@@ -377,8 +380,10 @@ def train(args: argparse.Namespace, at: Position) -> None:
             dump_flight_recorder(ctx.rank)
             raise
         if ctx.rank == args.slow_rank and step >= args.slow_from:
-            took = time.perf_counter() - began
-            time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
+            slow_now = slow_now or os.path.exists(args.slow_when)  # a stat a step, on the slow rank only
+            if slow_now:
+                took = time.perf_counter() - began
+                time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
         seconds = end_step()
         window_samples += args.global_batch_size
         if step == 1 or step % args.log_every == 0 or step == args.steps:

@@ -26,7 +26,8 @@ from npudist.testing.cluster_monitor import RANK_PORT, Fired, Monitor
 
 FAULTS = ("kill_node", "partition", "kill_rank", "stop_rank", "slow_rank", "slow_link")
 SLOW_FACTOR = 1.3
-"""slow_rank: the last rank's steps take this many times as long from the fault on (train_ddp --slow-factor)."""
+"""slow_rank: the last rank's steps take this many times as long from the fault on (train_ddp --slow-factor,
+--slow-when: the harness makes the file at the fault)."""
 _STEP = re.compile(r"^step=(\d+) .*\bworld=(\d+)")
 _RESUMED = re.compile(r"^resumed from step=(\d+)")
 _SOURCE = re.compile(r"^resume: source=([\w-]+)")
@@ -143,7 +144,7 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
            "--checkpoint-every", "5",
            "--sync-checkpoints", "--exchange-every", "5", "--straggler-diagnosis", "3"]
     if fault == "slow_rank":
-        job += ["--slow-rank", str(last), "--slow-factor", str(SLOW_FACTOR), "--slow-from", str(warm_steps + 1)]
+        job += ["--slow-rank", str(last), "--slow-factor", str(SLOW_FACTOR), "--slow-when", str(run / "slow-now")]
     with contextlib.ExitStack() as stack:
         c = stack.enter_context(Cluster(nodes, subnet=subnet))
         mon = stack.enter_context(Monitor(c, run)) if prometheus else None
@@ -174,6 +175,8 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
             c.partition(victim)
         elif fault == "slow_link":
             c.slow(victim, "1mbit")
+        elif fault == "slow_rank":
+            (run / "slow-now").touch()  # the rank is slow from its next step on
         elif fault in ("stop_rank", "kill_rank"):
             pid = _worker_pid(c, victim, last)
             if pid is None:
