@@ -170,6 +170,9 @@ def test_a_member_on_another_node_listening_on_loopback_is_refused_at_start(monk
     with pytest.raises(ValueError, match="no member address on rank 1 on node1"):
         fanout.start(_server(0), "127.0.0.1")
     rows[1] = "node0|127.0.0.1:4100|"  # the same host: loopback reaches it
+    for bad in ({"min_members": 3}, {"deadline_s": 0.0}):  # refused on every rank, before any member serves
+        with pytest.raises(ValueError, match="1 to 2 members"):
+            fanout.start(_server(0), "127.0.0.1", **bad)
     endpoint, front = fanout.start(_server(0), "127.0.0.1")
     assert endpoint is None and [(m.rank, m.port) for m in front.members] == [(1, 4100)]
     front.stop()

@@ -362,7 +362,8 @@ def start(server: EnsembleServer, member_host: str = "127.0.0.1", *, deadline_s:
     front) and exchange addresses. Returns (endpoint, None) on other ranks, (None, front) on rank 0.
 
     Raises ValueError on every rank, none left waiting, when a rank could not bind its member's
-    address, or when a member on another node listens on loopback (the front could never reach it).
+    address, when a member on another node listens on loopback (the front could never reach it), or for a
+    deadline or ``min_members`` the front could not keep.
     """
     rank = world()[0]
     token = secrets.token_hex(16) if rank == 0 else ""
@@ -382,6 +383,9 @@ def start(server: EnsembleServer, member_host: str = "127.0.0.1", *, deadline_s:
             why = problem or "the error on that rank says why"
             raise ValueError(f"the fan-out front cannot start: no member address on {', '.join(unable)} "
                              f"(member host {member_host!r}; {why})")
+        if deadline_s <= 0 or (min_members is not None and not 1 <= min_members <= len(rows)):
+            raise ValueError(f"deadline {deadline_s} s and min_members {min_members}: give a positive deadline and "
+                             f"1 to {len(rows)} members (the ensemble's size)")
         members = []
         for r, (n, a, _) in enumerate(rows[1:], 1):
             h, _, p = a.rpartition(":")
