@@ -26,12 +26,14 @@ with contextlib.redirect_stdout(out):
 print(json.dumps({"code": code, "torch": "torch" in sys.modules, "page": out.getvalue()}))
 """
 
-FAST = [["--help"], [], ["--version"], ["doctor", "--help"], ["exporter", "--help"], ["report", "--help"],
+FAST = [["--help"], [], ["--version"], ["doctor", "--help"], ["test", "--help"], ["exporter", "--help"],
+        ["report", "--help"],
         ["observe", "--help"], ["diagnose", "--help"], ["dashboards", "--help"], ["dashboards", "export", "--help"],
         ["migrate", "--help"],
         ["migrate", "check", "--help"], ["edge", "--help"], ["edge", "convert", "--help"],
         ["launch", "--help"], ["bench", "--help"], ["bench", "collective", "--help"], ["deploy", "--help"],
-        ["deploy", "k8s", "--help"], ["deploy", "slurm", "--help"]]
+        ["deploy", "k8s", "--help"], ["deploy", "slurm", "--help"], ["ranktable", "--help"],
+        ["ranktable", "check", "--help"]]
 
 
 def _help(argv: list[str]) -> dict:
@@ -50,8 +52,8 @@ def test_help_is_answered_without_importing_torch(argv):
 
 def test_the_top_level_page_lists_every_command_with_its_help():
     page = _help(["--help"])["page"]
-    for name in ("launch", "doctor", "exporter", "report", "diagnose", "observe", "dashboards", "migrate", "edge",
-                 "bench", "deploy"):
+    for name in ("launch", "doctor", "test", "exporter", "report", "diagnose", "observe", "dashboards", "migrate",
+                 "edge", "bench", "deploy"):
         assert f" {name} " in page, name
     assert "npudist bench collective --help" in page and "npudist deploy k8s|slurm --help" in page
     assert "[npudist options] [torchrun options] SCRIPT [ARGS]" in page  # not eaten as rich markup

@@ -9,7 +9,7 @@ import sys
 
 # Commands that start ranks: with a vendor extension switched off they would run the user's job without its
 # device, so they refuse instead (the others work: the doctor explains, the exporter needs no torch device).
-_RANK_COMMANDS = ("launch", "bench")
+_RANK_COMMANDS = ("launch", "bench", "test")
 
 
 def _fail(message: str) -> None:

@@ -95,6 +95,41 @@ def launch(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+@app.command("test", help="Does this set-up run a distributed job? Starts a short job under `npudist launch` (2 "
+                           "ranks per node): each collective through the real backend with its result checked, a "
+                           "DDP step, a checkpoint saved and loaded; one verdict line per check, exit 1 if one "
+                           "fails. Examples: `npudist test`; `npudist test --simulate npu`; on each of 2 hosts "
+                           "`npudist test --nnodes 2 --node-rank I --master-addr HOST0 --master-port 29500 "
+                           "--checkpoint-dir /shared/dir`.")
+def selftest(
+    nproc_per_node: int = typer.Option(2, "--nproc-per-node", min=1, help="Ranks on this node."),
+    simulate: str = typer.Option(None, "--simulate", help="npu or npu:strict: the simulated Ascend NPU."),
+    accelerator: str = typer.Option(None, "--accelerator", help="Run on this accelerator (cpu: gloo whatever "
+                                    "the host has); default: the detected one."),
+    nnodes: str = typer.Option(None, "--nnodes", help="Hosts in the test (torchrun's --nnodes)."),
+    node_rank: int = typer.Option(None, "--node-rank", help="This host's index (torchrun's --node-rank)."),
+    master_addr: str = typer.Option(None, "--master-addr", help="The host of node 0."),
+    master_port: int = typer.Option(None, "--master-port", help="Its rendezvous port."),
+    checkpoint_dir: str = typer.Option(None, "--checkpoint-dir", help="Where the checkpoint check saves; with "
+                                       "several hosts a folder every node shares (default: a temporary folder)."),
+    out: str = typer.Option(None, "--out", help="Keep the ranks' records and launch log here (default: a "
+                            "temporary folder, removed when every check passes)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=5, help="Seconds before a check still running is "
+                                  "reported as hung and the ranks are stopped."),
+) -> None:
+    from pathlib import Path
+
+    from npudist.selftest.run import SelfTestOptions, run_selftest
+
+    passed = [("--nnodes", nnodes), ("--node-rank", node_rank), ("--master-addr", master_addr),
+              ("--master-port", master_port)]
+    opts = SelfTestOptions(nproc_per_node=nproc_per_node, simulate=simulate, accelerator=accelerator,
+                       launch_args=tuple(x for name, value in passed if value is not None for x in (name, str(value))),
+                       timeout_s=timeout, out=Path(out) if out else None,
+                       checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None)
+    raise typer.Exit(run_selftest(opts, typer.echo))
+
+
 _STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"})
 
 
@@ -163,6 +198,16 @@ def _add_edge() -> None:
 
 
 _add_edge()
+
+
+def _add_ranktable() -> None:
+    from npudist.ranktable.cli import app as ranktable_app
+
+    app.add_typer(ranktable_app, name="ranktable",
+                  help="HCCL rank tables: `npudist ranktable write|merge|check --help`.")
+
+
+_add_ranktable()
 
 
 @app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
