@@ -235,6 +235,10 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     the_plan.peer_snapshots, the_plan.peer_bind = ns.peer_snapshots, ns.peer_snapshot_bind
     if ns.accelerator:
         the_plan.env_updates[ACCELERATOR_VAR] = ns.accelerator
+    if acc.device_type == "npu":
+        from npudist.ranktable.path import hccl_path
+
+        the_plan.notes.append(hccl_path(env))
     if nproc > 1 and OMP_VAR not in env:
         # torchrun sets the same value but warns about it in a banner on every launch; say it once, with why.
         the_plan.env_updates[OMP_VAR] = "1"
