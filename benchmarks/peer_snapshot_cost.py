@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import sys
 import tempfile
@@ -56,8 +57,10 @@ def main() -> None:
                 "rng": torch.get_rng_state()}
 
     plain, held, i = [], [], 0
-    with serving("127.0.0.1") as server, tempfile.TemporaryDirectory() as tmp:
-        sender = peer_mod.PeerSnapshots(1, server.address, server.address, rank=0, world=1, partner=0)
+    secret = secrets.token_bytes(32)
+    with serving("127.0.0.1", secret=secret) as server, tempfile.TemporaryDirectory() as tmp:
+        sender = peer_mod.PeerSnapshots(1, server.address, server.address, rank=0, world=1, partner=0,
+                                        secret=secret)
         writer().peer = sender
         for r in range(args.rounds):
             for mode in (("plain", "snap") if r % 2 == 0 else ("snap", "plain")):

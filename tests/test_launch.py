@@ -308,6 +308,32 @@ def test_cli_refuses_before_any_rank_starts(tmp_path):
     assert not marker.exists()
 
 
+def test_on_several_nodes_the_peer_holder_binds_the_address_that_routes_to_the_master():
+    """Left to a loopback default, every node's holder advertised 127.0.0.1 and no copy crossed a node
+    (issue 46): the holder now takes the interface launch already picks for the backends."""
+    route, _ = _route_recorder()
+    secret = {"NPUDIST_PEER_SECRET": "ab" * 32}
+    two = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "192.168.1.100", "--peer-snapshots", "1"]
+    p = plan([*two, "t.py"], CPU, secret, route=route)
+    assert p.peer_bind == "192.168.1.101" and p.multi_node
+    assert any("holder binds 192.168.1.101 (bond0.100" in n for n in p.notes)
+    assert plan([*two, "--peer-snapshot-bind", "10.9.0.2", "t.py"], CPU, secret, route=route).peer_bind == "10.9.0.2"
+    for unreachable in ("127.0.0.1", "localhost", "0.0.0.0", "::"):
+        with pytest.raises(LaunchError, match=f"--peer-snapshot-bind {unreachable} on a job over 2 nodes.*drop "
+                                              "--peer-snapshot-bind"):
+            plan([*two, "--peer-snapshot-bind", unreachable, "t.py"], CPU, secret, route=route)
+    # No secret every node shares: each node's launch would make its own and no copy would be accepted.
+    with pytest.raises(LaunchError, match=r"NPUDIST_PEER_SECRET=.*NPUDIST_PEER_SECRET_FILE"):
+        plan([*two, "t.py"], CPU, {}, route=route)
+    lost, _ = _route_recorder(error="no route to host")
+    with pytest.raises(LaunchError, match=r"could not be found.*--peer-snapshot-bind ADDRESS"):
+        plan([*two, "t.py"], CPU, secret, route=lost)
+    # Every node on this host (the master is loopback): loopback is right; one node keeps its default.
+    local = plan(["--nnodes", "2", "--node-rank", "1", "--peer-snapshots", "1", "t.py"], CPU, secret, route=route)
+    assert local.peer_bind == "127.0.0.1"
+    assert plan(["--peer-snapshots", "1", "t.py"], CPU, {}).peer_bind == "127.0.0.1"
+
+
 def test_peer_snapshots_are_npudist_s_option_and_bad_values_are_refused():
     p = plan(["--peer-snapshots", "5", "--peer-snapshot-bind", "10.0.0.7", "--nproc-per-node", "2", "t.py"], CPU, {})
     assert (p.peer_snapshots, p.peer_bind) == (5, "10.0.0.7")

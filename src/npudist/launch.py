@@ -59,6 +59,9 @@ class LaunchPlan:
     peer_snapshots: int | None = None
     """Steps between in-memory peer snapshots (--peer-snapshots); this process then serves the node's holder."""
     peer_bind: str = "127.0.0.1"
+    """The address this node's holder binds and advertises: on several nodes, the one that routes to the master."""
+    multi_node: bool = False
+    """Over several nodes: the holder's secret must then be one every node's launch shares (peer_auth.py)."""
 
 
 _OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1,
@@ -232,7 +235,10 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc,
                           script=None if ns.module or ns.no_python else tail[0])
     the_plan.env_updates.update(simulated)
-    the_plan.peer_snapshots, the_plan.peer_bind = ns.peer_snapshots, ns.peer_snapshot_bind
+    the_plan.peer_snapshots, the_plan.multi_node = ns.peer_snapshots, not single_node and not ns.standalone
+    the_plan.peer_bind = ns.peer_snapshot_bind or "127.0.0.1"
+    if ns.peer_snapshots is not None and the_plan.multi_node:
+        _plan_peer_holder(the_plan, ns, multinode.master_host(ns, static), env, route or network.route_to)
     if ns.accelerator:
         the_plan.env_updates[ACCELERATOR_VAR] = ns.accelerator
     if acc.device_type == "npu":
@@ -259,6 +265,21 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
         the_plan.env_updates.update(chosen)
         the_plan.notes.extend(notes)
     return _with_metrics(the_plan, ns, env)
+
+
+def _plan_peer_holder(the_plan: LaunchPlan, ns: argparse.Namespace, master: str, env: Mapping[str, str],
+                      route: Callable[[str], Interface]) -> None:
+    """Over several nodes: the holder's address on the job's network, and a secret every node shares."""
+    from npudist.checkpoint import peer_auth
+
+    try:
+        the_plan.peer_bind, note = multinode.peer_holder_bind(ns.peer_snapshot_bind, master, route, str(ns.nnodes))
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if note:
+        the_plan.notes.append(note)
+    if not env.get(peer_auth.SECRET_VAR, "").strip() and not env.get(peer_auth.SECRET_FILE_VAR, "").strip():
+        raise LaunchError(peer_auth.missing_on_several_nodes())
 
 
 def _simulation(value: str | None, env: Mapping[str, str]) -> dict[str, str]:

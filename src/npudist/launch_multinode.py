@@ -87,3 +87,42 @@ def with_interface(torchrun_argv: list[str], master: str, env: Mapping[str, str]
                                                                  f" and torchrun --local-addr {iface.address}")
         + "; export them to choose another interface")
     return chosen, notes
+
+
+def peer_holder_bind(given: str | None, master: str, route: Callable[[str], Interface],
+                     nnodes: str) -> tuple[str, str | None]:
+    """(the address this node's peer snapshot holder binds and advertises, a note or None) for a job over
+    ``nnodes`` nodes; ValueError with the fix when the holder could not be reached from another node.
+
+    Each rank sends its copy to the holder of a rank on the next node, at the address that holder
+    advertised; loopback there makes every copy fail and a replaced node lose its steps (issue 46). The
+    interface that routes to the master is the job's network (on the master's own node, the master
+    address itself: network.interface_for), so the holder takes that address unless told another.
+    """
+    try:
+        master_address = network.resolve(master)
+    except network.NetworkError as exc:
+        master_address, why = "", str(exc)
+    if master_address and network.is_loopback(master_address):
+        return given or "127.0.0.1", None  # every node on this host (a test, a tutorial): loopback is right
+    fix = ("drop --peer-snapshot-bind (launch then binds this node's address on the interface that routes to "
+           "the master) or give this node's own address on the job's network")
+    if given is not None:
+        try:
+            address = network.resolve(given)
+        except network.NetworkError:
+            address = given
+        if network.is_loopback(address) or network.is_unspecified(address):
+            raise ValueError(f"--peer-snapshot-bind {given} on a job over {nnodes} nodes: the other nodes' ranks "
+                             f"send their copies to the address this holder advertises, and {given} names no "
+                             f"address they can reach; {fix}")
+        return given, None
+    try:
+        if not master_address:
+            raise network.NetworkError(why)
+        iface = route(master)
+    except network.NetworkError as exc:
+        raise ValueError(f"--peer-snapshots on {nnodes} nodes: this node's address on the job's network could not "
+                         f"be found ({exc}); give it with --peer-snapshot-bind ADDRESS") from None
+    return iface.address, (f"peer snapshot holder binds {iface.address} ({iface.name}, the interface that routes "
+                           f"to the master {master}); --peer-snapshot-bind ADDRESS chooses another")

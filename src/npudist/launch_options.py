@@ -50,9 +50,9 @@ def parser() -> argparse.ArgumentParser:
                        help="every K steps each rank's state is copied to the host memory of a rank on another "
                        "node (this node's holder runs in this process and outlives worker restarts); a "
                        "restart resumes from the freshest verified copy, else from disk")
-    group.add_argument("--peer-snapshot-bind", default="127.0.0.1", metavar="HOST",
-                       help="address this node's snapshot holder listens on (default 127.0.0.1; give this "
-                       "node's address on the job's network for a job over several nodes)")
+    group.add_argument("--peer-snapshot-bind", default=None, metavar="HOST",
+                       help="address this node's snapshot holder listens on (default: 127.0.0.1 on one node; "
+                       "over several nodes, this node's address on the interface that routes to the master)")
     for action in p._actions:  # torchrun's text offers gpu/cpu/xpu, which npudist answers itself
         action.help = _HELP.get(action.dest, action.help)
     p._optionals.title = "torchrun options (passed through to torchrun)"

@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Protocol
@@ -21,6 +23,7 @@ class LaunchPlan(Protocol):
     targets: list[dict[str, object]]
     peer_snapshots: int | None
     peer_bind: str
+    multi_node: bool
 
 _STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 _STOP_CHATTER = MappingProxyType({
@@ -67,22 +70,54 @@ def published(the_plan: LaunchPlan) -> Iterator[None]:
         write_targets(the_plan.targets_file, [])
 
 
+QUIET_S = 600.0
+"""Seconds after the holder starts with no copy from any rank before launch says that none was taken: a
+script that never calls the snapshot API runs unprotected, and only this line says so. (The holder sees
+no steps, so time stands in for the issue's 2K steps; the line is said again at the end of a job that
+never sent one, if it ended sooner.)"""
+
+
 @contextlib.contextmanager
 def peer_holder(the_plan: LaunchPlan) -> Iterator[None]:
     """This node's peer snapshot holder while the agent runs (--peer-snapshots); the ranks find it through
-    NPUDIST_PEER_HOLDER. It lives in this process because torchrun restarts workers as new processes."""
+    NPUDIST_PEER_HOLDER and sign their requests with NPUDIST_PEER_SECRET (peer_auth.py). It lives in this
+    process because torchrun restarts workers as new processes."""
     if the_plan.peer_snapshots is None:
         yield
         return
-    from npudist.checkpoint import peer
+    from npudist.checkpoint import peer, peer_auth
     from npudist.checkpoint import peer_holder as holder
 
-    with holder.serving(the_plan.peer_bind) as server:
+    secret, source = peer_auth.launch_secret(os.environ, multi_node=the_plan.multi_node)
+    told = threading.Event()
+
+    def say_none_taken(seconds: float) -> None:
+        if not told.is_set():
+            told.set()
+            print(f"npudist launch: no rank has sent a peer snapshot in the {seconds:.0f} s this job has run: "
+                  "nothing is protected by in-memory copies (a script must call npudist.checkpoint."
+                  "peer_snapshots() and, every step, peer.due(step) and peer.snapshot(state, step); see "
+                  "docs/fault-tolerance.md)", file=sys.stderr, flush=True)
+
+    with holder.serving(the_plan.peer_bind, secret=bytes.fromhex(secret),
+                        max_bytes=holder.max_copy_bytes()) as server:
         os.environ[peer.HOLDER_VAR] = server.address
         os.environ[peer.EVERY_VAR] = str(the_plan.peer_snapshots)
+        os.environ[peer_auth.SECRET_VAR] = secret
         print(f"npudist launch: peer snapshots every {the_plan.peer_snapshots} steps; this node's holder "
-              f"serves {server.address}", file=sys.stderr, flush=True)
-        yield
+              f"serves {server.address} to requests signed with the job's secret ({source})",
+              file=sys.stderr, flush=True)
+        timer = threading.Timer(QUIET_S, lambda: server.holder.accepted or say_none_taken(QUIET_S))
+        timer.daemon = True
+        timer.name = "npudist-peer-quiet"
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
+            if not server.holder.accepted:
+                say_none_taken(time.monotonic() - server.started)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,14 @@ import torch
 import npudist
 from npudist.checkpoint import peer as peer_mod
 from npudist.checkpoint import save
-from npudist.checkpoint.peer_holder import Copy, Holder, request, serving
+from npudist.checkpoint.peer_holder import Copy, Holder, serving
+from npudist.checkpoint.peer_holder import request as signed_request
+
+SECRET = bytes.fromhex("5e" * 32)
+
+
+def request(address, header, payload=b"", **kw):
+    return signed_request(address, header, payload, secret=SECRET, **kw)
 
 
 def _state(step: int) -> dict:
@@ -32,7 +39,7 @@ def _sender(address: str) -> peer_mod.PeerSnapshots:
     from npudist.checkpoint.writer import writer
 
     w = writer()
-    w.peer = peer_mod.PeerSnapshots(5, address, address, rank=0, world=1, partner=0)
+    w.peer = peer_mod.PeerSnapshots(5, address, address, rank=0, world=1, partner=0, secret=SECRET)
     return w.peer
 
 
@@ -53,7 +60,7 @@ def test_holder_refuses_bytes_that_do_not_match_and_keeps_the_last_two():
 
 
 def test_restart_uses_the_newest_verified_copy_and_refuses_a_corrupted_one(runtime, tmp_path, caplog):
-    with serving("127.0.0.1") as server:
+    with serving("127.0.0.1", secret=SECRET) as server:
         p = _sender(server.address)
         _snap(p, 5)
         _snap(p, 10)
@@ -79,7 +86,7 @@ def test_restart_uses_the_newest_verified_copy_and_refuses_a_corrupted_one(runti
 
 
 def test_disk_is_used_when_it_is_newer_or_the_holder_is_gone(runtime, tmp_path):
-    with serving("127.0.0.1") as server:
+    with serving("127.0.0.1", secret=SECRET) as server:
         p = _sender(server.address)
         _snap(p, 5)
         save(_state(8), tmp_path, 8)
@@ -92,10 +99,11 @@ def test_disk_is_used_when_it_is_newer_or_the_holder_is_gone(runtime, tmp_path):
 
 
 def test_a_copy_goes_to_the_partner_s_node_and_this_node_so_a_lost_partner_node_costs_nothing(runtime, tmp_path):
-    with serving("127.0.0.1") as partner_node, serving("127.0.0.1") as this_node:
+    with serving("127.0.0.1", secret=SECRET) as partner_node, serving("127.0.0.1", secret=SECRET) as this_node:
         from npudist.checkpoint.writer import writer
 
-        p = peer_mod.PeerSnapshots(5, this_node.address, partner_node.address, rank=0, world=4, partner=2)
+        p = peer_mod.PeerSnapshots(5, this_node.address, partner_node.address, rank=0, world=4, partner=2,
+                                   secret=SECRET)
         writer().peer = p
         _snap(p, 5)
         assert [s for s, _, _ in partner_node.holder.listing(0, 4)] == [5]
@@ -109,7 +117,7 @@ def test_a_copy_goes_to_the_partner_s_node_and_this_node_so_a_lost_partner_node_
 def test_at_a_new_world_size_every_rank_resumes_from_rank_0_s_copy_as_from_disk(runtime, tmp_path):
     """An elastic job that lost a node runs at a smaller world: each rank's own copy is of the old world, and
     what a disk resume would load on every rank is rank 0's state (plain state has one writer, rank 0)."""
-    with serving("127.0.0.1") as server:
+    with serving("127.0.0.1", secret=SECRET) as server:
         for owner, step in ((0, 15), (0, 20), (1, 20), (1, 25)):  # the old world of 4; rank 0's newest: 20
             buf = io.BytesIO()
             torch.save({**_state(step), "owner": owner}, buf)
@@ -120,7 +128,7 @@ def test_at_a_new_world_size_every_rank_resumes_from_rank_0_s_copy_as_from_disk(
         save(_state(10), tmp_path, 10)
         from npudist.checkpoint.writer import writer
 
-        p = peer_mod.PeerSnapshots(5, server.address, server.address, rank=1, world=2, partner=1)
+        p = peer_mod.PeerSnapshots(5, server.address, server.address, rank=1, world=2, partner=1, secret=SECRET)
         writer().peer = p
         found = peer_mod.restore(tmp_path, p)
     assert (found.step, found.source) == (20, "local-memory")
@@ -128,8 +136,29 @@ def test_at_a_new_world_size_every_rank_resumes_from_rank_0_s_copy_as_from_disk(
     assert "rank 0's copy at world 4, now 2" in found.line
 
 
+def test_at_an_unchanged_world_size_a_rank_never_resumes_from_another_rank_s_copy(runtime, tmp_path):
+    """Rank 1's own copy is older than the disk checkpoint and rank 0's is newer, both of this world size:
+    rank 0's copy would silently replace rank 1's own state (a shard, its RNG, its data position), so every
+    rank resumes from disk instead (issue 46)."""
+    with serving("127.0.0.1", secret=SECRET) as server:
+        for owner, step in ((0, 20), (1, 10)):
+            buf = io.BytesIO()
+            torch.save({**_state(step), "owner": owner}, buf)
+            payload = buf.getvalue()
+            reply, _ = request(server.address, {"op": "put", "owner": owner, "world": 2, "step": step,
+                                                "sha256": hashlib.sha256(payload).hexdigest()}, payload)
+            assert reply["ok"], reply
+        save({**_state(15), "owner": "disk"}, tmp_path, 15)
+        from npudist.checkpoint.writer import writer
+
+        p = peer_mod.PeerSnapshots(5, server.address, server.address, rank=1, world=2, partner=1, secret=SECRET)
+        writer().peer = p
+        found = peer_mod.restore(tmp_path, p)
+    assert (found.step, found.source, found.state["owner"]) == (15, "disk", "disk")
+
+
 def test_a_copy_that_arrives_damaged_is_refused_by_the_holder():
-    with serving("127.0.0.1") as server:
+    with serving("127.0.0.1", secret=SECRET) as server:
         reply, _ = request(server.address, {"op": "put", "owner": 0, "world": 1, "step": 1,
                                             "sha256": hashlib.sha256(b"sent").hexdigest()}, b"snet")
         assert reply["ok"] is False and "sha256" in reply["error"]
@@ -138,7 +167,7 @@ def test_a_copy_that_arrives_damaged_is_refused_by_the_holder():
 
 def test_closing_leaves_no_thread_or_port(runtime):
     before = {t.name for t in threading.enumerate()}
-    with serving("127.0.0.1") as server:
+    with serving("127.0.0.1", secret=SECRET) as server:
         address = server.address
         p = _sender(address)
         _snap(p, 5)
@@ -154,7 +183,7 @@ def test_the_exporter_shows_the_copy_s_age_size_blocking_time_and_recoveries(run
     from npudist.telemetry.exposition.collector_health import CollectorHealth
     from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
 
-    with serving("127.0.0.1") as server:
+    with serving("127.0.0.1", secret=SECRET) as server:
         p = _sender(server.address)
         for step in range(1, 8):
             if p.due(step):

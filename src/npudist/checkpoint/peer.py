@@ -10,7 +10,8 @@ which outlives torchrun's worker restarts.
 On start, ``restore()`` agrees with every rank on the newest step all of them hold a verified copy of
 (a MIN all-reduce per round, O(1) per rank), uses it when it is at least as new as the newest disk
 checkpoint, and otherwise loads from disk. ``npudist launch --peer-snapshots K`` turns it on: it
-starts this node's holder and tells the ranks through NPUDIST_PEER_HOLDER and NPUDIST_PEER_SNAPSHOT_EVERY.
+starts this node's holder and tells the ranks through NPUDIST_PEER_HOLDER, NPUDIST_PEER_SNAPSHOT_EVERY and the
+job's secret NPUDIST_PEER_SECRET (peer_auth.py), which signs every request to a holder.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from npudist.checkpoint import peer_auth
 from npudist.checkpoint.peer_holder import KEEP, request
 from npudist.checkpoint.staging import HostStaging
 from npudist.checkpoint.store import list_checkpoints, load_latest
@@ -74,8 +76,8 @@ class PeerSnapshots:
     """This rank's sender of peer snapshots; one per Runtime, closed with the checkpoint writer."""
 
     def __init__(self, every: int, local_holder: str, partner_holder: str, rank: int, world: int,
-                 partner: int) -> None:
-        self.every = every
+                 partner: int, *, secret: bytes) -> None:
+        self.every, self.secret = every, secret
         self.local_holder, self.partner_holder = local_holder, partner_holder
         self.rank, self.world, self.partner = rank, world, partner
         self.stats = PeerStats()
@@ -143,7 +145,7 @@ class PeerSnapshots:
 
     def _put(self, address: str, step: int, digest: str, payload: bytes) -> None:
         reply, _ = request(address, {"op": "put", "owner": self.rank, "world": self.world, "step": step,
-                                     "sha256": digest}, payload)
+                                     "sha256": digest}, payload, secret=self.secret)
         if not reply.get("ok"):
             raise CheckpointError(f"holder {address} refused step {step}: {reply.get('error')}")
 
@@ -157,12 +159,17 @@ def from_env(ctx_rank: int, world: int, local_world: int) -> PeerSnapshots | Non
     holder, every = os.environ.get(HOLDER_VAR), os.environ.get(EVERY_VAR)
     if not holder or not every:
         return None
+    try:
+        secret = peer_auth.from_env()
+    except peer_auth.PeerSecretError as exc:
+        raise CheckpointError(f"{HOLDER_VAR} is set but {exc}") from None
     w = writer()
     if w.peer is None:
         partner = (ctx_rank + local_world) % world
         # Rank r sends to partner p's holder: p publishes its node's address, r reads it (O(1) per rank).
+        # Only the address travels through the store: the secret comes from this rank's launcher.
         partner_holder = control.swap_text("peer-holder", holder, partner)
-        w.peer = PeerSnapshots(int(every), holder, partner_holder, ctx_rank, world, partner)
+        w.peer = PeerSnapshots(int(every), holder, partner_holder, ctx_rank, world, partner, secret=secret)
     return w.peer
 
 
@@ -190,29 +197,34 @@ def restore(run_dir: str | os.PathLike | None, peer: PeerSnapshots | None, *,
 
 
 def _from_memory(peer: PeerSnapshots, disk_top: int) -> Restored | None:
-    """Each rank's own copy at this world size (bitwise what the rank held); else rank 0's copy of any world
-    size, which is what a disk resume loads on every rank (plain state has one writer, rank 0), so an
-    elastic job that lost a node resumes from memory at its new world size."""
-    return _agree(peer, disk_top, peer.rank, peer.world) or _agree(peer, disk_top, 0, None)
+    """Each rank's own copy at this world size (bitwise what the rank held: its shard, RNG, data position).
+    Only when the world size changed, rank 0's copy of another world size, which is what a disk resume
+    loads on every rank (plain state has one writer, rank 0), so an elastic job that lost a node resumes
+    from memory at its new world size. At an unchanged size, rank 0's copy would silently replace every
+    other rank's own state, so a rank without its own copy resumes from disk with the others."""
+    return _agree(peer, disk_top, peer.rank, peer.world) or _agree(peer, disk_top, 0, None, not_world=peer.world)
 
 
-def _agree(peer: PeerSnapshots, disk_top: int, owner: int, world: int | None) -> Restored | None:
+def _agree(peer: PeerSnapshots, disk_top: int, owner: int, world: int | None,
+           not_world: int | None = None) -> Restored | None:
     held: dict[int, tuple[str, str, int]] = {}
     for address in dict.fromkeys([peer.partner_holder, peer.local_holder]):  # the partner's first
         try:
-            reply, _ = request(address, {"op": "list", "owner": owner, "world": world}, timeout=30)
+            reply, _ = request(address, {"op": "list", "owner": owner, "world": world}, secret=peer.secret,
+                               timeout=30)
         except OSError as exc:
             log.warning("peer snapshot holder %s unreachable: %s", address, exc)
             continue
         for step, sha, of_world in reply.get("copies", []):
-            held.setdefault(int(step), (address, str(sha), int(of_world)))
+            if int(of_world) != not_world:
+                held.setdefault(int(step), (address, str(sha), int(of_world)))
     cap = None
     for _ in range(KEEP + 1):
         mine = max((s for s in held if cap is None or s < cap), default=-1)
         step = control.min_int(mine)
         if step < 0 or step < disk_top:
             return None
-        state, why = _fetch(held.get(step), owner, step)
+        state, why = _fetch(held.get(step), owner, step, peer.secret)
         if not control.any_rank(state is None):
             address, _, of_world = held[step]
             source = "peer-memory" if address != peer.local_holder else "local-memory"
@@ -227,12 +239,13 @@ def _agree(peer: PeerSnapshots, disk_top: int, owner: int, world: int | None) ->
     return None
 
 
-def _fetch(where: tuple[str, str, int] | None, owner: int, step: int) -> tuple[Any, str]:
+def _fetch(where: tuple[str, str, int] | None, owner: int, step: int, secret: bytes) -> tuple[Any, str]:
     if where is None:
         return None, "no copy of that step"
     address, listed, world = where
     try:
-        reply, payload = request(address, {"op": "get", "owner": owner, "world": world, "step": step})
+        reply, payload = request(address, {"op": "get", "owner": owner, "world": world, "step": step},
+                                 secret=secret)
     except OSError as exc:
         return None, f"holder {address} unreachable ({exc})"
     if not reply.get("ok"):

@@ -89,6 +89,14 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def is_unspecified(address: str) -> bool:
+    """0.0.0.0 or :: (any spelling): fine to bind, never an address a peer can connect to."""
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_unspecified
+    except ValueError:
+        return False
+
+
 def interface_for(route: Route, addresses: Mapping[str, list[str]]) -> Interface:
     """The interface that carries traffic to ``route.destination``.
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import signal
 import sys
 import tempfile
@@ -136,6 +137,8 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
         raise ValueError(f"fault {fault!r}: choose one of {', '.join(FAULTS)}")
     run = Path(keep or tempfile.mkdtemp(prefix="npudist-mttr-"))
     env = dict(os.environ if env is None else env)
+    if peer_snapshots:  # one secret for every node's launch, as a scheduler gives it (checkpoint/peer_auth.py)
+        env.setdefault("NPUDIST_PEER_SECRET", secrets.token_hex(32))
     trial = Trial(fault, layout=f"{nodes}x{nproc}",
                   recovery=f"memory K={peer_snapshots}" if peer_snapshots else "disk")
     last = nodes * nproc - 1
@@ -151,8 +154,8 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
         victim = c.nodes[-1]
         logs = [_Log(run / f"{n.hostname}.log") for n in c.nodes]
         for n in c.nodes:
-            extra = ["--peer-snapshots", str(peer_snapshots), "--peer-snapshot-bind", n.address] \
-                if peer_snapshots else []
+            # What a user types: each node's holder finds its own address (launch_multinode.peer_holder_bind).
+            extra = ["--peer-snapshots", str(peer_snapshots)] if peer_snapshots else []
             c.launch(n, job if mon else [*job, "--no-telemetry"], nproc=nproc, elastic=True,
                      env=mon.env(n, env) if mon else env,
                      launch_args=[*(mon.launch_args(n) if mon else ()), *extra], log=run / f"{n.hostname}.log")
