@@ -9,7 +9,7 @@ from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, STATUSES, WARN, CheckResult
 from npudist.runtime.settings import SettingsError
 
-AREAS = ("host_limits", "network", "multinode", "ascend", "ascend_network", "processes")
+AREAS = ("host_limits", "network", "multinode", "ascend", "ascend_host", "ascend_network", "processes")
 """Modules that register their area's checks on import, after checks.py's own; this is the report's order."""
 for _area in AREAS:
     importlib.import_module(f"npudist.doctor.{_area}")

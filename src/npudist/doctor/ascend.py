@@ -1,4 +1,5 @@
-"""Doctor checks of an Ascend host's software: CANN's environment, torch_npu against torch, HCCL's timeouts."""
+"""Doctor checks of an Ascend host's software: CANN's environment, torch_npu against torch, the torch /
+torch_npu / CANN triad against the release table, HCCL's timeouts."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import importlib.util
 import re
 from pathlib import Path
 
+from npudist.doctor.ascend_compat import TORCH_NPU_RELEASES
 from npudist.doctor.checks import _base_version, _stand_in, check
 from npudist.doctor.host import Host
-from npudist.doctor.result import FAIL, OK, SKIP, CheckResult
+from npudist.doctor.result import FAIL, OK, SKIP, WARN, CheckResult
 
 
 def parse_toolkit_version(text: str) -> str | None:
@@ -19,6 +21,16 @@ def parse_toolkit_version(text: str) -> str | None:
 
 
 _TOOLKIT_VERSION_FILES = ("*-linux/ascend_toolkit_install.info", "version.info", "version.cfg")
+
+
+def cann_version(home: Path) -> str | None:
+    """The toolkit's version from the first version file under ``home`` that names one."""
+    for pattern in _TOOLKIT_VERSION_FILES:
+        for f in sorted(home.glob(pattern)):
+            version = parse_toolkit_version(f.read_text(errors="replace"))
+            if version:
+                return version
+    return None
 
 
 @check("ascend-env")
@@ -37,14 +49,7 @@ def ascend_env(host: Host) -> CheckResult:
         return CheckResult("ascend-env", FAIL, f"ASCEND_HOME_PATH={home} does not exist", fix_source)
     lib_dirs = [d for d in host.env.get("LD_LIBRARY_PATH", "").split(":") if d]
     has_runtime = any((Path(d) / "libascendcl.so").exists() for d in lib_dirs)
-    version = None
-    for pattern in _TOOLKIT_VERSION_FILES:
-        for f in sorted(home_path.glob(pattern)):
-            version = parse_toolkit_version(f.read_text(errors="replace"))
-            if version:
-                break
-        if version:
-            break
+    version = cann_version(home_path)
     shown = f"CANN {version}" if version else "CANN version unknown (no version file found)"
     if not has_runtime:
         return CheckResult("ascend-env", FAIL, f"{shown} at {home}, but no LD_LIBRARY_PATH entry holds "
@@ -70,6 +75,53 @@ def torch_npu_version(host: Host) -> CheckResult:
             "install the torch_npu release built for this torch (a mismatch shows up later as "
             "'undefined symbol' import errors); see torch_npu's version table")
     return CheckResult("torch-npu-version", OK, f"torch_npu {npu_version} matches torch {torch.__version__}")
+
+
+_CANN_RELEASE = re.compile(r"\d+\.\d+\.(?:\d+|RC\d+)", re.IGNORECASE)
+"""A release name as the compatibility table writes it (8.0.RC1, 8.5.0); a 5-part build number is not one."""
+
+
+def version_triad(torch_version: str, npu_version: str, cann: str | None) -> CheckResult:
+    """torch, torch_npu and CANN against the release table: FAIL when torch differs from the one torch_npu is
+    built for (`undefined symbol` at import), WARN when CANN does (EH9999 or a missing kernel at the first
+    operator), SKIP for a torch_npu release the table does not list."""
+    name = "ascend-versions"
+    row = TORCH_NPU_RELEASES.get(npu_version)
+    if row is None:
+        return CheckResult(name, SKIP, f"torch_npu {npu_version} is not in npudist's release table (Ascend/pytorch "
+                           "COMPATIBILITY.en.md); compare torch and CANN with that table by hand")
+    want_torch, want_cann = row
+    fix = (f"install a released set (Ascend/pytorch COMPATIBILITY.en.md): torch {want_torch} + torch_npu "
+           f"{npu_version} + CANN {want_cann}, or the torch_npu release built for the torch and CANN you have")
+    torch_ok = _base_version(torch_version) == _base_version(want_torch)
+    comparable = cann is not None and _CANN_RELEASE.fullmatch(cann) is not None
+    cann_ok = not comparable or cann.upper() == want_cann.upper()
+    found = f"torch {torch_version}, torch_npu {npu_version}, CANN {cann or 'unknown'}"
+    if not torch_ok:
+        return CheckResult(name, FAIL, f"{found}: torch_npu {npu_version} is built for torch {want_torch} "
+                           "(import fails with `undefined symbol`)", fix)
+    if not cann_ok:
+        return CheckResult(name, WARN, f"{found}: torch_npu {npu_version} is built for CANN {want_cann} (a "
+                           "mismatch fails at the first operator: EH9999, aclnn kernel not found)", fix)
+    if not comparable:
+        return CheckResult(name, OK, f"{found}: torch matches; the CANN version could not be compared "
+                           f"(torch_npu {npu_version} is built for CANN {want_cann})")
+    return CheckResult(name, OK, f"{found}: a released combination")
+
+
+@check("ascend-versions")
+def ascend_versions(host: Host) -> CheckResult:
+    import torch
+
+    if _stand_in() or importlib.util.find_spec("torch_npu") is None:
+        return CheckResult("ascend-versions", SKIP, "torch_npu not installed (or npudist's simulated stand-in)")
+    try:
+        npu_version = importlib.metadata.version("torch_npu")
+    except importlib.metadata.PackageNotFoundError:
+        return CheckResult("ascend-versions", SKIP, "torch_npu has no package metadata to read its version from")
+    home = host.env.get("ASCEND_HOME_PATH") or host.env.get("ASCEND_TOOLKIT_HOME")
+    cann = cann_version(Path(home)) if home and Path(home).is_dir() else None
+    return version_triad(torch.__version__, npu_version, cann)
 
 
 # CANN environment-variable reference (envref_07_0077, CANN 8.x): HCCL_CONNECT_TIMEOUT is an integer in

@@ -41,6 +41,16 @@ def _connect(host: str, port: int, timeout: float) -> None:
     socket.create_connection((host, port), timeout=timeout).close()
 
 
+def _port_free(port: int) -> bool:
+    """Whether a listener could bind ``port`` on every address now (what HCCL's host NIC ports need)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class Host:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -54,6 +64,7 @@ class Host:
     tool_timeout: float = 10.0
     route: Callable[[str], Interface] = route_to
     connect: Callable[[str, int, float], None] = _connect
+    port_free: Callable[[int], bool] = _port_free
 
     def which(self, tool: str) -> str | None:
         return shutil.which(tool, path=self.env.get("PATH", os.defpath))
