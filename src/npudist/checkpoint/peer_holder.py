@@ -55,7 +55,9 @@ MAX_CONNECTIONS = 64
 MAX_BYTES_VAR = "NPUDIST_PEER_SNAPSHOT_MAX_BYTES"
 """The largest copy (bytes) this job declares; default: a quarter of the host's memory."""
 _MAX_HEADER = 64 * 1024
-_PREFIX = struct.Struct(">I")
+_LEN = ">I"
+"""Format of the header's length: 4 bytes, big-endian."""
+_LEN_BYTES = 4
 _CHUNK = 1 << 20
 
 
@@ -92,13 +94,13 @@ def max_copy_bytes(env: Mapping[str, str] | None = None) -> int:
 
 def _frame(secret: bytes, kind: str, header: dict[str, Any], payload: bytes | bytearray) -> bytes:
     raw = json.dumps({**header, "nbytes": len(payload)}).encode()
-    return _PREFIX.pack(len(raw)) + mac(secret, kind, raw) + raw
+    return struct.pack(_LEN, len(raw)) + mac(secret, kind, raw) + raw
 
 
 def _unsigned(header: dict[str, Any]) -> bytes:
     """A refusal to a request that did not authenticate: nothing it said is echoed, nothing signed."""
     raw = json.dumps({**header, "nbytes": 0}).encode()
-    return _PREFIX.pack(len(raw)) + bytes(MAC_BYTES) + raw
+    return struct.pack(_LEN, len(raw)) + bytes(MAC_BYTES) + raw
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytearray:
@@ -186,10 +188,10 @@ class _Conn:
         so that closing with unread bytes does not reset the connection before the client read the reply."""
 
     def head_wanted(self) -> int:
-        fixed = _PREFIX.size + MAC_BYTES
+        fixed = _LEN_BYTES + MAC_BYTES
         if len(self.head) < fixed:
             return fixed - len(self.head)
-        return fixed + _PREFIX.unpack_from(self.head)[0] - len(self.head)
+        return fixed + struct.unpack_from(_LEN, self.head)[0] - len(self.head)
 
 
 class HolderServer:
@@ -294,10 +296,10 @@ class HolderServer:
                 raise PeerProtocolError("closed before its header")
             conn.head += data
             conn.moved = time.monotonic()
-            if len(conn.head) == _PREFIX.size + MAC_BYTES and _PREFIX.unpack_from(conn.head)[0] > _MAX_HEADER:
-                raise PeerProtocolError(f"header of {_PREFIX.unpack_from(conn.head)[0]} bytes "
+            if len(conn.head) == _LEN_BYTES + MAC_BYTES and struct.unpack_from(_LEN, conn.head)[0] > _MAX_HEADER:
+                raise PeerProtocolError(f"header of {struct.unpack_from(_LEN, conn.head)[0]} bytes "
                                         f"(at most {_MAX_HEADER})")
-            if len(conn.head) >= _PREFIX.size + MAC_BYTES and conn.head_wanted() == 0:
+            if len(conn.head) >= _LEN_BYTES + MAC_BYTES and conn.head_wanted() == 0:
                 self._authenticate(conn)
             return
         view = memoryview(self._chunk)
@@ -311,8 +313,8 @@ class HolderServer:
             self._reply(conn, *_answer(self.holder, conn.header, conn.body, conn.digest.hexdigest()))
 
     def _authenticate(self, conn: _Conn) -> None:
-        start = _PREFIX.size + MAC_BYTES
-        tag, raw = bytes(conn.head[_PREFIX.size:start]), bytes(conn.head[start:])
+        start = _LEN_BYTES + MAC_BYTES
+        tag, raw = bytes(conn.head[_LEN_BYTES:start]), bytes(conn.head[start:])
         if not verify(self.secret, "request", raw, tag):
             if len(self._refused_from) < 100 and conn.peer.rsplit(":", 1)[0] not in self._refused_from:
                 self._refused_from.add(conn.peer.rsplit(":", 1)[0])
@@ -394,12 +396,12 @@ def request(address: str, header: dict[str, Any], payload: bytes | bytearray = b
         sock.sendall(_frame(secret, "request", {**header, "nonce": nonce}, payload))
         if payload:
             sock.sendall(payload)
-        fixed = _read_exact(sock, _PREFIX.size + MAC_BYTES)
-        (size,) = _PREFIX.unpack_from(fixed)
+        fixed = _read_exact(sock, _LEN_BYTES + MAC_BYTES)
+        (size,) = struct.unpack_from(_LEN, fixed)
         if size > _MAX_HEADER:
             raise PeerProtocolError(f"reply header of {size} bytes (at most {_MAX_HEADER})")
         raw = bytes(_read_exact(sock, size))
-        if not verify(secret, "reply", raw, bytes(fixed[_PREFIX.size:])):
+        if not verify(secret, "reply", raw, bytes(fixed[_LEN_BYTES:])):
             claim = raw[:200].decode("utf-8", "replace")
             raise PeerAuthError(f"the reply of {address} is not signed with this job's secret (it said, unverified: "
                                 f"{claim}): another job's holder, or its node has another NPUDIST_PEER_SECRET")
