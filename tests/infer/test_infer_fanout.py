@@ -152,6 +152,28 @@ def test_a_member_answers_its_front_only_and_stops_when_told(ensemble):
     assert endpoints[0].wait(orphan_s=5) is True
 
 
+def test_a_request_without_the_token_is_refused_from_its_head_before_its_body_arrives(ensemble):
+    """A stranger announcing 60 MiB gets its 403 at once: the member neither waits for nor buffers the body."""
+    import socket
+
+    _, endpoints, _ = ensemble
+    for token in ("", f"{fanout.TOKEN}: guess\r\n"):
+        with socket.create_connection(("127.0.0.1", endpoints[0].front.port), timeout=5) as s:
+            s.sendall(f"POST /member HTTP/1.1\r\nHost: x\r\n{token}{fanout.SHAPE}: 1,2\r\n"
+                      f"Content-Length: {60 << 20}\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 403 ")  # no body byte sent: the head alone decided
+    assert endpoints[0].front.refused[403] == 2
+
+
+def test_an_unspecified_member_address_and_a_deadline_that_is_not_finite_are_refused():
+    for host in ("0.0.0.0", "::", "0"):
+        with pytest.raises(ValueError, match=r"every interface.*--member-host auto"):
+            fanout.member_address(host)
+    for deadline in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="finite"):
+            FanoutFront(_server(0), [], TOKEN, deadline_s=deadline)
+
+
 def test_a_member_whose_front_is_silent_leaves():
     endpoint = MemberEndpoint(_server(1), "127.0.0.1").start(TOKEN)
     try:
@@ -170,7 +192,8 @@ def test_a_member_on_another_node_listening_on_loopback_is_refused_at_start(monk
     with pytest.raises(ValueError, match="no member address on rank 1 on node1"):
         fanout.start(_server(0), "127.0.0.1")
     rows[1] = "node0|127.0.0.1:4100|"  # the same host: loopback reaches it
-    for bad in ({"min_members": 3}, {"deadline_s": 0.0}):  # refused on every rank, before any member serves
+    # refused on every rank, before any member serves; inf and nan passed a `<= 0` test
+    for bad in ({"min_members": 3}, {"deadline_s": 0.0}, {"deadline_s": float("inf")}, {"deadline_s": float("nan")}):
         with pytest.raises(ValueError, match="1 to 2 members"):
             fanout.start(_server(0), "127.0.0.1", **bad)
     endpoint, front = fanout.start(_server(0), "127.0.0.1")

@@ -125,6 +125,10 @@ BATCH = 16
 Handler = Callable[[Request], "Reply | None"]
 """Runs on a worker; returns the reply, or None when it will call ``reply``/``reply_later`` itself."""
 ErrorPage = Callable[[int, str], Reply]
+Admit = Callable[[Head], "tuple[int, str] | None"]
+"""Runs on the selector thread as soon as a request's head has arrived, before any of its body is waited
+for: (status, message) refuses the request there (a client without credentials never gets its body
+buffered), None lets it on."""
 
 
 def text_error(status: int, message: str) -> Reply:
@@ -145,9 +149,10 @@ class Front:
     """Runs ``handle(request)`` on a worker thread for each complete request and sends what it returns."""
 
     def __init__(self, host: str, port: int, limits: Limits | None = None, error_page: ErrorPage = text_error,
-                 name: str = "npudist-http") -> None:
+                 name: str = "npudist-http", admit: Admit | None = None) -> None:
         """Listen now (OSError when the address cannot be bound); serve after ``start``."""
         self.limits = limits or Limits()
+        self._admit = admit
         self._error_page = error_page
         self._handle: Handler = lambda request: error_page(503, "starting")
         self._listener = _listen(host, port)
@@ -307,6 +312,9 @@ class Front:
                 conn.scanned = len(conn.buf)
                 return None
             conn.head = parse_head(bytes(conn.buf[:end]), self.limits.max_body_bytes)
+            refusal = self._admit(conn.head) if self._admit else None
+            if refusal:
+                raise HttpError(*refusal)
             if conn.head.expects_continue and conn.head.content_length and len(conn.buf) == end:
                 self._send_continue(conn.sock)
         total = conn.head.size + (conn.head.content_length or 0)

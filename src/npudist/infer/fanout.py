@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from npudist.httpserve import Front, Limits, Reply, Request
+from npudist.httpserve.request import Head
 from npudist.infer.collective import _gather_texts, world
 from npudist.infer.combine import finish
 from npudist.infer.ensemble import EnsembleError, EnsembleResult, EnsembleServer, EnsembleStats
@@ -78,7 +79,13 @@ def decode(shape: str | None, body: bytes, columns: int | None = None) -> Tensor
 
 def member_address(host: str) -> str:
     """``auto``: the address this rank's peers reach it at (the interface that routes to MASTER_ADDR,
-    loopback when the job is on one host); anything else is taken as given."""
+    loopback when the job is on one host); anything else is taken as given, except an unspecified
+    address: the member would listen everywhere but tell the front 0.0.0.0, which is nowhere to connect to
+    (every live member was left out as "connection refused")."""
+    if network.is_unspecified(host) or host in ("", "0"):
+        raise ValueError(f"--member-host {host!r} listens on every interface but gives the front no address to "
+                         "connect to; use --member-host auto (this rank's address on the interface that routes "
+                         "to the master) or this board's own address")
     if host != "auto":
         return host
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -98,7 +105,7 @@ class MemberEndpoint:
         """Listen now (OSError when ``host`` cannot be bound); serve after ``start``."""
         self.server, self.token = server, ""
         self.front = Front(host, port, limits or Limits(max_body_bytes=MAX_MEMBER_BYTES, request_timeout_s=30.0),
-                           name="npudist-member")
+                           name="npudist-member", admit=self._admit)
         self.stopped = threading.Event()
         """Set by the front's POST /stop."""
         self.last_heard = time.monotonic()
@@ -116,9 +123,17 @@ class MemberEndpoint:
         self.front.start(self.handle)
         return self
 
+    def _admit(self, head: Head) -> tuple[int, str] | None:
+        """The token, checked from the head alone: a request without it is refused before its body (up to
+        MAX_MEMBER_BYTES) is waited for or buffered."""
+        if not self.token or not hmac.compare_digest(head.headers.get(TOKEN) or "", self.token):
+            return 403, "this member answers its own job's front only (wrong or missing token)"
+        return None
+
     def handle(self, request: Request) -> Reply:
-        if not self.token or not hmac.compare_digest(request.head.headers.get(TOKEN) or "", self.token):
-            return _text(403, "this member answers its own job's front only (wrong or missing token)")
+        refusal = self._admit(request.head)
+        if refusal:
+            return _text(*refusal)
         self.last_heard = time.monotonic()
         route = (request.head.method, request.head.path)
         if route == ("GET", "/ping"):
@@ -235,8 +250,8 @@ class FanoutFront:
     _pool: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be positive, got {self.deadline_s}")
+        if not math.isfinite(self.deadline_s) or self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be a finite number of seconds above 0, got {self.deadline_s}")
         need = self.needed
         if not 1 <= need <= self.expected:
             raise ValueError(f"min_members={self.min_members}: give 1 to {self.expected}, the ensemble's size")
@@ -383,9 +398,10 @@ def start(server: EnsembleServer, member_host: str = "127.0.0.1", *, deadline_s:
             why = problem or "the error on that rank says why"
             raise ValueError(f"the fan-out front cannot start: no member address on {', '.join(unable)} "
                              f"(member host {member_host!r}; {why})")
-        if deadline_s <= 0 or (min_members is not None and not 1 <= min_members <= len(rows)):
-            raise ValueError(f"deadline {deadline_s} s and min_members {min_members}: give a positive deadline and "
-                             f"1 to {len(rows)} members (the ensemble's size)")
+        bad_deadline = not math.isfinite(deadline_s) or deadline_s <= 0  # inf and nan pass a `<= 0` test
+        if bad_deadline or (min_members is not None and not 1 <= min_members <= len(rows)):
+            raise ValueError(f"deadline {deadline_s} s and min_members {min_members}: give a finite deadline above 0 "
+                             f"and 1 to {len(rows)} members (the ensemble's size)")
         members = []
         for r, (n, a, _) in enumerate(rows[1:], 1):
             h, _, p = a.rpartition(":")
