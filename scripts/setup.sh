@@ -5,6 +5,36 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${NPUDIST_TORCH:-torch==2.13.0}
+# PyTorch's own index of CPU-only wheels: PyPI's Linux x86_64 torch is the CUDA build, which pulls its nvidia-*
+# wheels (several GB). Where it cannot be reached (a mirror of PyPI only) the default index is used and the
+# build that came is named below.
+CPU_INDEX=${NPUDIST_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+
+install_torch() {
+  if "$PYTHON" - "$CPU_INDEX" >/dev/null 2>&1 <<'PY'
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
+PY
+  then
+    echo "setup: no torch installed; installing $TORCH_SPEC, the CPU build, from $CPU_INDEX (override with NPUDIST_TORCH=...)"
+    "$PYTHON" -m pip install --quiet --timeout 30 --index-url "$CPU_INDEX" "$TORCH_SPEC"
+  else
+    echo "setup: no torch installed; $CPU_INDEX cannot be reached, so installing $TORCH_SPEC from the default index"
+    echo "setup: (there, on Linux x86_64, torch is usually the CUDA build; override with NPUDIST_TORCH=... or NPUDIST_TORCH_INDEX=...)"
+    "$PYTHON" -m pip install --quiet "$TORCH_SPEC"
+  fi
+  # What came: the build (CPU or CUDA) and its size on disk with the nvidia-*/triton wheels it pulled.
+  "$PYTHON" - <<'PY'
+import importlib.metadata as md
+dists = [d for d in md.distributions() if (d.metadata["Name"] or "").lower().startswith(("torch", "nvidia-", "triton"))
+         and (d.metadata["Name"] or "").lower() not in ("torchvision", "torchaudio")]
+size = sum(f.size or 0 for d in dists for f in (d.files or ()))
+version = md.version("torch")
+cuda = [d.metadata["Name"] for d in dists if d.metadata["Name"].lower().startswith("nvidia-")]
+build = f"the CUDA build, with {len(cuda)} nvidia-* wheels" if cuda or "+cu" in version else "the CPU build"
+print(f"setup: installed torch {version}: {build}, {size / 1e9:.1f} GB on disk")
+PY
+}
 # "missing", "ok", or the first line of the import error. find_spec looks without importing, so a torch that
 # is installed but fails to import (torch_npu without CANN) is never replaced by another build.
 state=$("$PYTHON" -c '
@@ -20,11 +50,19 @@ else:
 ' 2>/dev/null)
 case "$state" in
   missing)
-    echo "setup: no torch installed; installing $TORCH_SPEC (override with NPUDIST_TORCH=...)"
-    "$PYTHON" -m pip install --quiet "$TORCH_SPEC" ;;
+    install_torch ;;
   ok) ;;
   *)
     echo "setup: torch is installed but does not import ($state); leaving it as it is."
     echo "setup: after set-up, \`npudist doctor\` names the cause and the fix (for torch_npu: source CANN's set_env.sh)." ;;
 esac
-"$PYTHON" -m pip install --quiet -e ".[test]"
+# torch before 2.3 was built against numpy 1.x: with numpy 2 its numpy bridge fails ("Numpy is not
+# available"; torch 2.3 release notes). An older torch (an Ascend user's pin) keeps numpy below 2.
+numpy_pin=()
+torch_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+case "$torch_version" in
+  1.*|2.[0-2]|2.[0-2].*|2.[0-2]+*)
+    numpy_pin=("numpy<2")
+    echo "setup: torch $torch_version predates numpy 2 support (torch 2.3); installing with numpy<2" ;;
+esac
+"$PYTHON" -m pip install --quiet -e ".[test]" ${numpy_pin[@]+"${numpy_pin[@]}"}

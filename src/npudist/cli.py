@@ -84,7 +84,11 @@ def launch(ctx: typer.Context) -> None:
         raise typer.Exit(0)
     from npudist import launch as launcher
     from npudist.accelerators import AcceleratorUnavailable
+    from npudist.runtime.numpy_torch import installed_mismatch
 
+    wrong = installed_mismatch()  # a warning, not a refusal: a job that never converts to numpy runs fine
+    if wrong:
+        err.print(f"[yellow]npudist launch: warning:[/] {escape(wrong)}")
     try:
         if not argv:
             raise launcher.LaunchError(f"give the training script to run (usage: {launcher.USAGE}; see --help)")

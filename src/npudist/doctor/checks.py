@@ -69,6 +69,21 @@ def torch_version(host: Host) -> CheckResult:
     return CheckResult("torch", OK, f"torch {v}{extra}")
 
 
+@check("numpy")
+def numpy_pair(host: Host) -> CheckResult:
+    from npudist.runtime import numpy_torch
+
+    numpy_v, torch_v = numpy_torch.installed("numpy"), numpy_torch.installed("torch")
+    if numpy_v is None:
+        return CheckResult("numpy", WARN, "numpy is not installed: tensor <-> numpy conversions fail",
+                           "pip install numpy (pip install \"numpy<2\" with torch < 2.3)")
+    wrong = numpy_torch.mismatch(torch_v, numpy_v)
+    if wrong:
+        finding, fix = wrong.split(" Fix: ", 1)
+        return CheckResult("numpy", FAIL, finding, fix)
+    return CheckResult("numpy", OK, f"numpy {numpy_v} works with torch {torch_v}")
+
+
 def _simulating(host: Host) -> str | None:
     """The NPUDIST_SIMULATE mode when this process's NPU is npudist's simulation (npudist.sim)."""
     from npudist.runtime.settings import SIMULATE_VAR
