@@ -45,6 +45,16 @@ def main() -> None:
     base = aligned_empty(129, torch.float32, dev, 128).fill_(1.0)
     r["raw_misaligned"] = refusal(lambda: dist.all_reduce(base[1:]))
     r["raw_strided"] = refusal(lambda: dist.all_reduce(torch.ones(256, device=dev)[::2]))
+    # ReduceOp.AVG as a fine-tune script averages its bf16 loss; and float32 (aligned, 128 elements: nothing but
+    # the op for the strict row to refuse); and an integer tensor, which torch_npu's division cannot take.
+    loss = torch.full((128,), float(rank + 1), dtype=torch.bfloat16, device=dev)
+    r["raw_bf16_avg"] = refusal(lambda: dist.all_reduce(loss, op=dist.ReduceOp.AVG))
+    r["raw_bf16_avg_values"] = sorted(set(loss.cpu().float().tolist()))
+    f32 = aligned_empty(128, torch.float32, dev, 128).fill_(float(rank + 1))
+    r["raw_f32_avg"] = refusal(lambda: dist.all_reduce(f32, op=dist.ReduceOp.AVG))
+    r["raw_f32_avg_values"] = sorted(set(f32.cpu().tolist()))
+    r["raw_int_avg"] = refusal(lambda: dist.all_reduce(torch.ones(128, dtype=torch.int64, device=dev),
+                                                       op=dist.ReduceOp.AVG))
     b = torch.full((100,), float(rank + 1), dtype=torch.bfloat16, device=dev)
     npudist.all_reduce(b)  # npudist adapts to the active row: cast, pad
     # device type: every simulated tensor is on npu:0 whatever index made it (sim/device.py)

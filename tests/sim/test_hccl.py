@@ -62,6 +62,20 @@ def test_default_row_takes_bf16_and_any_length(default):
         assert r["raw_bf16"] is None and r["raw_100"] is None and r["raw_misaligned"] is None
 
 
+def test_avg_is_sum_then_divide_on_the_default_row_and_refused_on_the_strict_one(default, strict):
+    """torch_npu's ProcessGroupHCCL reduces AVG as SUM and divides by the group size (getHcclReduceOp); releases
+    before Ascend/pytorch !17393 (2025-02), which the strict row stands for, refused it."""
+    for r in default.values():
+        assert r["raw_bf16_avg"] is None and r["raw_bf16_avg_values"] == [1.5]  # (1 + 2) / 2, in bf16
+        assert r["raw_f32_avg"] is None and r["raw_f32_avg_values"] == [1.5]
+        # the division of an integer sum is torch's own refusal, as on torch_npu (before Ascend950)
+        assert "can't be cast to the desired output type Long" in r["raw_int_avg"]
+    for r in strict.values():
+        assert "HCCL_E_NOT_SUPPORT" in r["raw_bf16_avg"] and r["raw_bf16_avg_values"] == [float(r["chip"] + 1)]
+        assert "reduce op avg on torch.float32 is not supported (hccl-strict row)" in r["raw_f32_avg"]
+        assert r["raw_f32_avg_values"] == [float(r["chip"] + 1)]  # refused before anything moved
+
+
 def test_strict_row_refuses_with_hccl_error_names(strict):
     for r in strict.values():
         assert r["row"] == "hccl-strict"

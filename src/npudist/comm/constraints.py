@@ -60,6 +60,10 @@ class Constraints:
     """Device tensors are accepted; False means they are staged through host memory."""
     source: str = ""
     """Where the row's facts come from."""
+    avg_in_group: bool = False
+    """The process group takes ReduceOp.AVG although the library has no avg: it reduces with sum and divides
+    by the group size (torch_npu ProcessGroupHCCL, getHcclReduceOp, since Ascend/pytorch !17393, 2025-02).
+    What the simulated hccl follows; npudist's own collectives emulate avg from reduce_dtypes either way."""
 
     def native_dtypes(self, op: str) -> frozenset[torch.dtype]:
         return self.reduce_dtypes.get(op, frozenset())
@@ -123,6 +127,10 @@ HCCL = Constraints(
     copy_dtypes=frozenset({F16, BF16, F32, F64, I8, I16, I32, I64, U8, BOOL}),
     contiguous=True,
     source="CANN HcclAllReduce/HcclBroadcast pages (Atlas A2/A3); torch_npu ProcessGroupHCCL",
+    # torch_npu ProcessGroupHCCL.cpp: getHcclReduceOp returns HCCL_REDUCE_SUM for AVG ("PTA supports it by
+    # summing first, then dividing"), and the reductions divide by getSize() afterwards; its
+    # checkSupportedDataType (checkSupportedDataTypeOfAllReduce before 2024-06) allows exactly the sum dtypes above.
+    avg_in_group=True,
 )
 
 HCCL_STRICT = Constraints(

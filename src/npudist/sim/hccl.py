@@ -6,6 +6,10 @@ It refuses what the real backend refuses, in the real backend's words, before gl
   backend for the device and raises ``No backend type associated with device type cpu``
   (torch/csrc/distributed/c10d/ProcessGroup.hpp, getBackend), as HCCL and NCCL groups do;
 - a non-contiguous tensor: ``Tensors must be contiguous`` (torch_npu ProcessGroupHCCL checkTensor);
+- ``ReduceOp.AVG`` where the row says the group emulates it (``avg_in_group``: the ``hccl`` row, as current
+  torch_npu's ProcessGroupHCCL does) is reduced as a sum and divided by the group size afterwards, in the
+  tensor's dtype (an integer tensor then fails in the division, as it does there); the ``hccl-strict`` row,
+  like torch_npu releases before 2025-02, refuses it;
 - what the active constraint row (comm/constraints.py: ``hccl``, or ``hccl-strict`` under
   ``--simulate npu:strict``, for floating-point tensors; integer ones always meet ``hccl``) does not
   take: a dtype or reduce op (HCCL_E_NOT_SUPPORT), an element count
@@ -70,6 +74,7 @@ class SimHcclGroup(dist.ProcessGroup):
         self._inner: dist.ProcessGroupGloo | None = host
         self.row = row
         self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._divide: list[torch.Tensor] = []
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -114,8 +119,19 @@ class SimHcclGroup(dist.ProcessGroup):
                 out.append(self._carried(t.elem))
         except Exception:
             self._write_back.clear()
+            self._divide.clear()
             raise
         return out
+
+    def _avg_as_sum(self, opts: Any, outputs: Iterable[torch.Tensor]) -> Any:
+        """AVG as torch_npu's ProcessGroupHCCL runs it (getHcclReduceOp: HCCL_REDUCE_SUM, then ``div_(size)``):
+        gloo is asked for a sum and ``outputs`` are divided when it is done. Reached only for tensors whose row
+        took avg in ``_check_row``."""
+        if _op_name(opts) != "avg":
+            return opts
+        opts.reduceOp = dist.ReduceOp.SUM
+        self._divide.extend(t.elem for t in outputs)
+        return opts
 
     def _carried(self, held: torch.Tensor) -> torch.Tensor:
         """The host tensor gloo moves: ``held`` itself, or a copy in GLOO_CARRIER's wider dtype whose result
@@ -131,7 +147,8 @@ class SimHcclGroup(dist.ProcessGroup):
         # The strict row's reports concern data: torch's own integer bookkeeping (DDP's bucket-index and
         # shape broadcasts, object sizes) ran on those machines, so integer tensors meet the plain hccl row.
         row = self.row if t.dtype.is_floating_point else HCCL
-        allowed = row.native_dtypes(op) if op is not None else row.copy_dtypes
+        native = "sum" if op == "avg" and row.avg_in_group else op
+        allowed = row.native_dtypes(native) if native is not None else row.copy_dtypes
         if t.dtype not in allowed:
             what = f"reduce op {op} on {t.dtype}" if op is not None else f"data type {t.dtype}"
             self._refuse(call, HCCL_E_NOT_SUPPORT, f"{what} is not supported ({row.name} row)")
@@ -152,6 +169,9 @@ class SimHcclGroup(dist.ProcessGroup):
         for held, wide in self._write_back:
             held.copy_(wide)  # a sum or product wraps modulo 2**16 either way: the same int16 bits as HCCL's
         self._write_back.clear()
+        divide, self._divide = self._divide, []
+        for held in divide:
+            held.div_(self.size())  # an integer tensor raises here, as torch_npu's div_ does (not on Ascend950)
         fut: Future = Future()
         fut.set_result(result)
         return _create_work_from_future(fut)
@@ -160,12 +180,14 @@ class SimHcclGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         host = self._host("HcclAllReduce", tensors, _op_name(opts))
+        opts = self._avg_as_sum(opts, tensors)
         SIM.counts.add("all_reduce", tensors)
         return self._done(list(tensors), self._host_group().allreduce(host, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         host = self._host("HcclAllReduce", tensors, _op_name(opts))
+        opts = self._avg_as_sum(opts, tensors)
         SIM.counts.add("all_reduce_coalesced", tensors)
         return self._done(list(tensors), self._host_group().allreduce_coalesced(host, opts))
 
@@ -198,6 +220,7 @@ class SimHcclGroup(dist.ProcessGroup):
         op = _op_name(opts)
         host_out = self._host("HcclReduceScatter", outputs, op)
         host_in = [self._host("HcclReduceScatter", ins, op) for ins in input_lists]
+        opts = self._avg_as_sum(opts, outputs)
         SIM.counts.add("reduce_scatter", outputs)
         return self._done(list(outputs), self._host_group().reduce_scatter(host_out, host_in, opts))
 
@@ -206,6 +229,7 @@ class SimHcclGroup(dist.ProcessGroup):
         op = _op_name(opts)
         (host_out,) = self._host("HcclReduceScatter", [output], op)
         (host_in,) = self._host("HcclReduceScatter", [input], op)
+        opts = self._avg_as_sum(opts, [output])
         SIM.counts.add("reduce_scatter_tensor", [output])
         return self._done(output, self._host_group()._reduce_scatter_base(host_out, host_in, opts))
 
@@ -218,6 +242,7 @@ class SimHcclGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         host = self._host("HcclReduce", tensors, _op_name(opts))
+        opts = self._avg_as_sum(opts, tensors)
         SIM.counts.add("reduce", tensors)
         return self._done(list(tensors), self._host_group().reduce(host, opts))
 
