@@ -25,6 +25,7 @@ from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     PORT_VAR,
     PROFILE_VAR,
+    RUN_DIR_VAR,
     RUN_ID_SOURCES,
     RUN_ID_VAR,
     SIMULATE_MODES,
@@ -64,7 +65,7 @@ class LaunchPlan:
     """Over several nodes: the holder's secret must then be one every node's launch shares (peer_auth.py)."""
 
 
-_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--targets-file": 1, "--simulate": 1,
+_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--run-dir": 1, "--targets-file": 1, "--simulate": 1,
                           "--accelerator": 1, "--peer-snapshots": 1, "--peer-snapshot-bind": 1})
 
 
@@ -209,9 +210,11 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     if ns.peer_snapshots is not None and (ns.peer_snapshots < 1 or ns.mpi):
         raise LaunchError(f"--peer-snapshots {ns.peer_snapshots}: give a step count >= 1, and launch through "
                           "torchrun (not --mpi): the holder lives in the torchrun agent's process")
+    run_dir = {RUN_DIR_VAR: os.path.abspath(ns.run_dir)} if ns.run_dir else {}
     if ns.mpi:
         the_plan = _plan_mpi(ns, head, tail, env)
         the_plan.env_updates.update(simulated)
+        the_plan.exec_env.update(run_dir)
         return _with_metrics(the_plan, ns, env)
     head = _strip_ours(head)
     nproc = resolve_nproc(ns.nproc_per_node if _option_given(head, ("--nproc-per-node", "--nproc_per_node"))
@@ -235,6 +238,7 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     the_plan = LaunchPlan("torchrun", torchrun_argv=[*head, *tail], nproc_per_node=nproc,
                           script=None if ns.module or ns.no_python else tail[0])
     the_plan.env_updates.update(simulated)
+    the_plan.env_updates.update(run_dir)  # the ranks' run log and hang reports (npudist.training)
     the_plan.peer_snapshots, the_plan.multi_node = ns.peer_snapshots, not single_node and not ns.standalone
     the_plan.peer_bind = ns.peer_snapshot_bind or "127.0.0.1"
     if ns.peer_snapshots is not None and the_plan.multi_node:

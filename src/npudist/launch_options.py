@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
                        help="run the script directly as the rank that mpirun/srun started (no torchrun agent)")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="each rank serves Prometheus metrics on this port + its local rank")
+    group.add_argument("--run-dir", default=None, metavar="DIR",
+                       help="the job's run directory: each rank writes its run log (DIR/metrics/rank{R}.jsonl, "
+                       "for `npudist report DIR`) and hang reports there; the ranks get NPUDIST_RUN_DIR=DIR")
     group.add_argument("--targets-file", default=None,
                        help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
                        "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")
