@@ -49,3 +49,23 @@ def test_no_route_fails_and_no_master_skips():
     got = _results({"MASTER_ADDR": "nohost"}, route_error="nohost does not resolve")
     assert got["route-to-master"].status == "fail"
     assert _results({})["route-to-master"].status == "skip"
+
+
+@pytest.mark.parametrize(("var", "spec", "routed"), [
+    ("NCCL_SOCKET_IFNAME", "^eth1", False),  # '^' excludes the route's interface (a substring test said ok)
+    ("NCCL_SOCKET_IFNAME", "^=eth1,ib0", False),
+    ("HCCL_SOCKET_IFNAME", "^eth", False),
+    ("NCCL_SOCKET_IFNAME", "=eth", False),  # '=' asks for the exact name
+    ("GLOO_SOCKET_IFNAME", "eth", False),  # gloo takes exact names only
+    ("HCCL_IF_IP", "10.213.0.29", False),
+    ("NCCL_SOCKET_IFNAME", "eth", True),  # a prefix
+    ("NCCL_SOCKET_IFNAME", "^=eth0", True),  # excludes eth0 only
+    ("HCCL_SOCKET_IFNAME", "=ib0, eth1", True),
+    ("GLOO_SOCKET_IFNAME", "ib0,eth1", True),
+    ("HCCL_IF_IP", "10.213.0.2", True),
+])
+def test_interface_variables_are_read_as_the_backends_read_them(var, spec, routed):
+    got = _results({"MASTER_ADDR": "10.213.0.1", var: spec})
+    assert ("interface-variables" not in got) == routed, got.get("interface-variables")
+    if not routed:
+        assert f"{var}={spec}" in got["interface-variables"].finding

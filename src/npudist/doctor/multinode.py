@@ -6,7 +6,7 @@ from __future__ import annotations
 from npudist.doctor.checks import check
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, WARN, CheckResult
-from npudist.runtime.network import IFNAME_VARS, NetworkError, is_loopback
+from npudist.runtime.network import IFNAME_VARS, NetworkError, is_loopback, selects
 
 CONNECT_S = 3.0
 
@@ -28,11 +28,12 @@ def route_to_master(host: Host) -> list[CheckResult]:
         mtu = f", MTU {iface.mtu}" if iface.mtu else ""
         out.append(CheckResult("route-to-master", OK, f"{addr} is reached through {iface.name} ({iface.address}{mtu})"))
         chosen = {v: host.env[v] for v in IFNAME_VARS if host.env.get(v, "").strip()}
-        wrong = {v: s for v, s in chosen.items() if iface.name not in s and iface.address != s}
+        wrong = {v: s for v, s in chosen.items() if not selects(v, s, iface)}
         if wrong and iface.name != "lo":
             out.append(CheckResult("interface-variables", WARN, "set to another interface than the route to the "
                                    f"master: {', '.join(f'{k}={v}' for k, v in wrong.items())}",
-                                   f"use {iface.name}, or unset them and let `npudist launch` choose"))
+                                   f"use {iface.name} ('^' excludes the interfaces it lists), or unset them and "
+                                   "let `npudist launch` choose"))
         if iface.mtu and iface.name != "lo" and iface.mtu < 1500:
             out.append(CheckResult("mtu", WARN, f"{iface.name} MTU {iface.mtu} is below Ethernet's 1500 (an overlay "
                                    "or tunnel): large collectives are split into more packets",

@@ -8,6 +8,7 @@ import socket
 from npudist.doctor.checks import check
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, WARN, CheckResult
+from npudist.runtime.network import IFNAME_RULES, matching
 
 
 @check("master-addr")
@@ -40,24 +41,11 @@ def master_addr(host: Host) -> list[CheckResult]:
     return out
 
 
-def _nccl_style_match(spec: str, names: list[str]) -> list[str]:
-    """NCCL_SOCKET_IFNAME rules: comma list of prefixes, '=' for exact names, '^' to exclude."""
-    exclude = spec.startswith("^")
-    body = spec.lstrip("^")
-    exact = body.startswith("=")
-    wanted = [w for w in body.lstrip("=").split(",") if w]
-
-    def hit(n: str) -> bool:
-        return any(n == w if exact else n.startswith(w) for w in wanted)
-
-    return [n for n in names if hit(n) != exclude]
-
-
 @check("network-interfaces")
 def network_interfaces(host: Host) -> list[CheckResult]:
     env = host.env
-    if not any(env.get(k) for k in ("HCCL_IF_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")):
-        return [CheckResult("network-interfaces", SKIP, "HCCL_IF_IP, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME unset")]
+    if not any(env.get(k) for k in IFNAME_RULES):
+        return [CheckResult("network-interfaces", SKIP, f"{', '.join(IFNAME_RULES)} unset")]
     ifaces = host.interfaces()
     out = []
     if env.get("HCCL_IF_IP"):
@@ -67,12 +55,11 @@ def network_interfaces(host: Host) -> list[CheckResult]:
                    CheckResult("HCCL_IF_IP", FAIL, f"HCCL_IF_IP={ip} is not an address of this host "
                                f"(have {', '.join(a for v in ifaces.values() for a in v)})",
                                "set HCCL_IF_IP to this host's address on the training network"))
-    for var, matcher in (("NCCL_SOCKET_IFNAME", _nccl_style_match),
-                         ("GLOO_SOCKET_IFNAME", lambda s, names: [n for n in names if n in s.split(",")])):
+    for var in ("NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         spec = env.get(var, "").strip()
         if not spec:
             continue
-        matched = matcher(spec, sorted(ifaces))
+        matched = matching(var, spec, sorted(ifaces))
         out.append(CheckResult(var, OK, f"{var}={spec} selects {', '.join(matched)}") if matched else
                    CheckResult(var, FAIL, f"{var}={spec} matches no interface (have {', '.join(sorted(ifaces))})",
                                f"set {var} to one of the interfaces listed"))

@@ -30,6 +30,41 @@ IFNAME_VARS: Mapping[str, str] = MappingProxyType({
 })
 """Each backend's interface variable and what it is set to: the name, '=' + name, or the address."""
 
+IFNAME_RULES: Mapping[str, str] = MappingProxyType({
+    # Comma list of prefixes; a leading '^' excludes the list, a leading '=' (after any '^') asks for exact
+    # names (docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html, NCCL_SOCKET_IFNAME).
+    "NCCL_SOCKET_IFNAME": "prefixes",
+    # The same four forms: eth, ^eth, =eth0, ^=eth0 (CANN env var reference, "HCCL_SOCKET_IFNAME").
+    "HCCL_SOCKET_IFNAME": "prefixes",
+    # Comma list of exact names, each a device gloo uses (ProcessGroupGloo.cpp, GLOO_SOCKET_IFNAME).
+    "GLOO_SOCKET_IFNAME": "names",
+    "HCCL_IF_IP": "address",
+})
+"""How each backend reads its interface variable; ``selects`` applies it."""
+
+
+def matching(var: str, spec: str, names: list[str]) -> list[str]:
+    """The interfaces of ``names`` that ``var=spec`` selects, read as that backend reads it (IFNAME_RULES);
+    for HCCL_IF_IP, the names are addresses."""
+    rule = IFNAME_RULES.get(var, "names")
+    spec = spec.strip()
+    if rule == "address":
+        return [n for n in names if n == spec]
+    if rule == "names":
+        wanted = {w.strip() for w in spec.split(",") if w.strip()}
+        return [n for n in names if n in wanted]
+    exclude = spec.startswith("^")
+    body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
+    wanted_list = [w.strip() for w in (body[1:] if exact else body).split(",") if w.strip()]
+    return [n for n in names if any(n == w if exact else n.startswith(w) for w in wanted_list) != exclude]
+
+
+def selects(var: str, spec: str, iface: Interface) -> bool:
+    """Whether ``var=spec`` lets the backend use ``iface`` (not a substring test: ``^eth0`` excludes eth0)."""
+    return bool(matching(var, spec, [iface.address if IFNAME_RULES.get(var) == "address" else iface.name]))
+
+
 BACKEND_VAR: Mapping[str, str] = MappingProxyType({"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME",
                                   "hccl": "HCCL_IF_IP", "cncl": "CNCL_SOCKET_IFNAME"})
 
