@@ -8,7 +8,9 @@ npudist's own paths; it cannot prove speed, HCCL's real algorithms or anything o
 
 Nothing happens at import. ``npudist launch --simulate npu[:strict]`` or ``NPUDIST_SIMULATE`` makes the
 accelerator detection install it (the ``npu-sim`` vendor row), and the ``torch_npu`` stand-in under
-``stand_in/`` installs it for scripts written for torch_npu.
+``stand_in/`` installs it for scripts written for torch_npu. In a simulating process npudist's ``torch.backends``
+entry point (``autoload.py``) loads that stand-in at ``import torch``, as torch_npu's entry point loads
+torch_npu, so ``torch.npu`` and ``"npu:0"`` exist without ``import torch_npu``.
 """
 
 from __future__ import annotations

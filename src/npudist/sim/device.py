@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import types
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,6 +30,37 @@ VISIBLE_VAR = "ASCEND_RT_VISIBLE_DEVICES"
 
 class SimDeviceError(RuntimeError):
     """A device call the simulated NPU cannot honour, in torch_npu's words where it has them."""
+
+
+class NotSimulated(AttributeError):
+    """A torch_npu name the simulated NPU does not provide.
+
+    An AttributeError, because torch itself probes device modules with ``hasattr``/``getattr(..., None)``
+    (torch.amp, torch._dynamo, DDP); the message says what is missing and where the list is.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"not simulated: {name} (npudist's simulated NPU provides the torch_npu names listed in "
+                         "docs/simulated-npu.md; run this part of the script on a real Ascend host)")
+        self.name = name
+
+
+SIM_TOTAL_MEMORY = 64 * 1024**3
+"""What the simulated chip reports as its memory: an Atlas 800T A2's 64 GiB of HBM (its datasheet)."""
+
+
+class DeviceProperties(NamedTuple):
+    """The fields of torch_npu's ``_NPUDeviceProperties`` a script reads (torch_npu/csrc/npu/Module.cpp binds
+    name, total_memory, cube_core_num, vector_core_num, L2_cache_size, major, minor, multi_processor_count)."""
+
+    name: str
+    total_memory: int
+    cube_core_num: int = 24
+    vector_core_num: int = 48
+    L2_cache_size: int = 192 * 1024**2
+    major: int = 0
+    minor: int = 0
+    multi_processor_count: int = 24
 
 
 def physical_chip(env: Mapping[str, str] | None = None, chips: int = 8) -> int:
@@ -142,16 +174,45 @@ class Event:
         return (end._t - self._t) * 1000.0
 
 
-class SimDeviceModule:
-    """What ``torch.npu`` offers that npudist, DDP, the profiler or a torch_npu script calls."""
+class _Flags(types.SimpleNamespace):
+    """``torch.npu.config`` / ``matmul`` / ``conv``: switches a torch_npu script sets (allow_internal_format,
+    allow_hf32). They change how a real chip picks formats and precisions; host kernels have one of each, so
+    they are kept and read back, and change nothing."""
+
+
+class SimDeviceModule(types.ModuleType):
+    """``torch.npu`` (and ``torch_npu.npu``): what npudist, DDP, torch.amp or a torch_npu script calls.
+
+    A module, as torch_npu's ``torch.npu`` is, so ``import torch.npu.amp`` and ``from torch.npu import amp``
+    work. A name torch_npu has and this module does not raises ``NotSimulated`` naming it.
+    """
 
     Stream = Stream
     Event = Event
 
     def __init__(self, chips: int) -> None:
+        super().__init__("torch.npu", __doc__)
         self.chips = chips
         self._stream: Stream | None = None
         self._current = 0
+        self.config = _Flags(allow_internal_format=True)
+        self.matmul = _Flags(allow_hf32=False)
+        self.conv = _Flags(allow_hf32=True)
+        from npudist.sim import npu_amp
+
+        self.amp = npu_amp.module()
+        self.utils = self  # torch_npu.npu.utils holds the same device calls (set_device, synchronize, ...)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names neither the instance nor the class has.
+        if name.startswith("__") or name in ("_is_compiled", "_lazy_init"):
+            if name == "_lazy_init":
+                return lambda: None
+            raise AttributeError(name)
+        raise NotSimulated(f"torch.npu.{name}")
+
+    def __repr__(self) -> str:
+        return "<module 'torch.npu' (npudist's simulated NPU)>"
 
     # The device calls, named as in torch_npu (torch_npu.npu: is_available ... memory_reserved).
     def is_available(self) -> bool:
@@ -173,7 +234,61 @@ class SimDeviceModule:
         return self._current
 
     def get_device_name(self, device: Any = None) -> str:
+        _check(_index(device))
         return f"simulated Ascend NPU (chip {physical_chip(chips=self.chips)})"
+
+    def get_device_properties(self, device: Any = None) -> DeviceProperties:
+        return DeviceProperties(name=self.get_device_name(device), total_memory=SIM_TOTAL_MEMORY)
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        """(free, total) bytes, as torch_npu answers (torch_npu/npu/__init__.py mem_get_info): the chip's
+        memory less what live simulated tensors hold."""
+        _check(_index(device))
+        return max(0, SIM_TOTAL_MEMORY - SIM.allocations.allocated), SIM_TOTAL_MEMORY
+
+    def get_device_capability(self, device: Any = None) -> tuple[int, int] | None:
+        # torch_npu returns TORCH_NPU_DEVICE_CAPABILITY ("major.minor") when set, else None
+        # (torch_npu/npu/__init__.py get_device_capability: "only for compatibility with PyTorch").
+        text = os.environ.get("TORCH_NPU_DEVICE_CAPABILITY", "")
+        major, _, minor = text.partition(".")
+        return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+    def is_bf16_supported(self, including_emulation: bool = False) -> bool:
+        return True
+
+    def can_device_access_peer(self, device: Any, peer_device: Any) -> bool:
+        _check(_index(device))
+        _check(_index(peer_device))
+        return False
+
+    def set_compile_mode(self, jit_compile: bool = False) -> None:
+        # Selects CANN's operator compilation on a real chip; the host kernels are compiled already.
+        self.jit_compile = jit_compile
+
+    def is_jit_compile_false(self) -> bool:
+        return not getattr(self, "jit_compile", False)
+
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        allocated, reserved = self.memory_allocated(device), self.memory_reserved(device)
+        return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": reserved,
+                "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved}
+
+    def seed(self) -> None:
+        torch.seed()
+
+    def seed_all(self) -> None:
+        torch.seed()
+
+    def initial_seed(self) -> int:
+        return torch.initial_seed()
+
+    def device_of(self, obj: Any) -> Any:
+        """The device context of a tensor: its device on the NPU, none (-1) for a host tensor."""
+        on_npu = isinstance(obj, torch.Tensor) and obj.device.type == DEVICE_TYPE
+        return self.device(obj.get_device() if on_npu else -1)
+
+    def set_stream(self, stream: Stream | None) -> None:
+        return None
 
     def synchronize(self, device: Any = None) -> None:
         _check(_index(device))
@@ -232,6 +347,15 @@ class SimDeviceModule:
 
     @contextlib.contextmanager
     def device(self, device: Any) -> Iterator[None]:
-        # torch.load(map_location="npu:0") moves storages inside this guard (torch/_utils.py::_to).
-        _check(_index(device))
+        # torch.load(map_location="npu:0") moves storages inside this guard (torch/_utils.py::_to);
+        # torch.npu.device(-1), as device_of gives for a host tensor, selects nothing (as torch.cuda.device).
+        if not (isinstance(device, int) and device < 0):
+            _check(_index(device))
         yield
+
+
+SIMULATED = (*sorted(name for name, value in vars(SimDeviceModule).items()
+                     if not name.startswith("_") and (callable(value) or isinstance(value, type))),
+             "amp", "config", "conv", "matmul", "utils")
+"""The public names of ``torch.npu`` the simulation provides (transfer_to_npu copies them onto torch.cuda;
+docs/simulated-npu.md lists them)."""

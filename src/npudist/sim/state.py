@@ -78,6 +78,11 @@ class SimState:
     """The torch.library registration of the allocation kernels (kept alive here)."""
     autocast_fallthrough: Any = None
     """The ``_`` library letting unlisted ops pass autocast (sim/autocast.py; kept alive here)."""
+    transferred: bool = False
+    """transfer_to_npu's patches are applied (sim/transfer.py): they patch torch once per process."""
+    autoload_failure: str | None = None
+    """Why the ``torch.backends`` entry point could not install the simulation (sim/autoload.py); the entry
+    point never raises, so this is where the reason is kept."""
 
 
 SIM = SimState()
