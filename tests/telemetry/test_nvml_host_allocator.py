@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,13 +70,28 @@ def test_host_real_psutil():
 
 def test_host_conversions_with_fake_psutil():
     fake = SimpleNamespace(
-        cpu_percent=lambda interval=None: 25.0,
+        cpu_percent=lambda interval=None: 25.0 if interval == HostSource.MEASURE_S else 0.0,
         virtual_memory=lambda: SimpleNamespace(total=16 * 2**30, available=4 * 2**30),
         cpu_freq=lambda: SimpleNamespace(current=2400.0),
     )
     (r,) = HostSource(psutil=fake).read()
     assert (r.utilization_ratio, r.frequency_hertz) == (0.25, 2.4e9)
     assert (r.memory_used_bytes, r.memory_total_bytes) == (12 * 2**30, 16 * 2**30)
+
+
+def test_host_cpu_is_measured_within_each_read_not_since_another_threads_call():
+    """The poller reads in a new thread each time, and psutil keeps cpu_percent(interval=None)'s previous call
+    per thread: every sample was that call's meaningless 0.0."""
+    results = []
+    burn = threading.Thread(target=lambda: sum(i * i for i in range(3_000_000)), daemon=True)
+    burn.start()  # this process itself keeps a core busy while the readings are taken
+    src = HostSource()
+    for _ in range(2):
+        reader = threading.Thread(target=lambda: results.append(src.read()[0].utilization_ratio))
+        reader.start()
+        reader.join()
+    burn.join()
+    assert all(r > 0.0 for r in results), results
 
 
 def test_host_failure_is_source_error():

@@ -1,13 +1,14 @@
 """The host itself (vendor "cpu"): CPU busy fraction, clock and memory through psutil.
 
-psutil docs: ``cpu_percent(interval=None)`` compares with the previous call (the first call returns a
-meaningless 0.0, so the constructor makes it); ``virtual_memory().available`` is what can be given to
-processes without swapping, so used = total - available; ``cpu_freq().current`` is MHz.
+psutil docs: ``virtual_memory().available`` is what can be given to processes without swapping, so used =
+total - available; ``cpu_freq().current`` is MHz. The CPU busy fraction is measured over MEASURE_S within the
+read: ``cpu_percent(interval=None)`` compares with the previous call *of the same thread* (psutil >= 5.9.6
+keeps that state per thread id), and the poller runs every read in a new thread, so the non-blocking form
+returned its meaningless first-call 0.0 in every sample.
 """
 
 from __future__ import annotations
 
-import contextlib
 from types import ModuleType
 
 from npudist.telemetry.sources import _values as v
@@ -20,17 +21,18 @@ class HostSource(Source):
     name = "cpu"
     vendor = "cpu"
 
+    MEASURE_S = 0.1
+    """The window cpu_percent measures (psutil's advice: at least 0.1 s)."""
+
     def __init__(self, psutil: ModuleType | None = None) -> None:
         if psutil is None:
             import psutil
         self._psutil = psutil
-        with contextlib.suppress(Exception):  # a failure here is reported by read()
-            self._psutil.cpu_percent(interval=None)
 
     def read(self) -> list[DeviceReading]:
         ps = self._psutil
         try:
-            percent = ps.cpu_percent(interval=None)
+            percent = ps.cpu_percent(interval=self.MEASURE_S)
             memory = ps.virtual_memory()
         except Exception as exc:
             raise SourceError("error", f"psutil could not read the host: {exc}") from None
