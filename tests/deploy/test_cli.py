@@ -20,6 +20,12 @@ BAD = [
     (["slurm", "--nodes", "-1"], "--nodes -1"),
     (["slurm", "--sd-dir", "relative/sd"], "--sd-dir 'relative/sd': give an absolute path"),
     (["slurm", "--script", "train.py 'unclosed"], "--script"),
+    (["k8s"], "--max-restarts 3 restarts the job, but with no shared run directory every restart starts again "
+              "at step 0: give --run-dir-pvc NAME"),
+    (["k8s", "--run-dir-pvc", "Runs_1"], "--run-dir-pvc 'Runs_1': give a PersistentVolumeClaim name"),
+    (["k8s", "--run-dir-pvc", "runs", "--run-dir-host-path", "/nfs/runs"], "both given: choose one"),
+    (["k8s", "--run-dir-host-path", "/nfs/$(id)"], "--run-dir-host-path '/nfs/$(id)': give an absolute folder"),
+    (["slurm", "--run-dir", "shared/runs"], "--run-dir 'shared/runs': give an absolute path"),
 ]
 
 
@@ -33,7 +39,8 @@ def test_bad_arguments_exit_2_with_a_message(args, message, tmp_path):
 
 def test_k8s_and_slurm_write_their_files(tmp_path):
     res = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "k"), "--accelerator", "cuda",
-                                   "--image", "registry:5000/npudist:1.0", "--scheduler", "volcano"])
+                                   "--image", "registry:5000/npudist:1.0", "--scheduler", "volcano",
+                                   "--run-dir-pvc", "npudist-runs"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "k" / "job-volcano.yaml").is_file() and (tmp_path / "k" / "kustomization.yaml").is_file()
     assert "registry:5000/npudist:1.0" in (tmp_path / "k" / "exporter-daemonset.yaml").read_text()
@@ -44,11 +51,12 @@ def test_k8s_and_slurm_write_their_files(tmp_path):
 
 
 def test_k8s_warns_on_the_placeholder_image_and_prints_the_next_command(tmp_path):
-    res = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "k"), "--accelerator", "cpu"])
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "k"), "--accelerator", "cpu",
+                                   "--max-restarts", "0"])
     text = " ".join(res.output.split())
     assert res.exit_code == 0, res.output
     assert "is a placeholder no registry has" in text and "--image REGISTRY/NAME:TAG" in text
     assert f"next: kubectl apply --server-side -k {tmp_path / 'k'}" in text
     mine = CliRunner().invoke(app, ["deploy", "k8s", "--out", str(tmp_path / "m"), "--accelerator", "cpu",
-                                    "--image", "registry:5000/npudist:1.0"])
+                                    "--image", "registry:5000/npudist:1.0", "--run-dir-host-path", "/shared/runs"])
     assert "placeholder" not in mine.output and "kubectl apply --server-side -k" in " ".join(mine.output.split())

@@ -28,6 +28,12 @@ LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SCRAPE_JOB = re.compile(JOB_MATCH.split('"')[1])
 
 
+def _k8s(**kw) -> K8sOptions:
+    """Options as a user with restarts gives them: with the shared run directory they require."""
+    kw.setdefault("run_dir_pvc", "npudist-runs")
+    return K8sOptions(**kw)
+
+
 def _objects(opts: K8sOptions) -> dict[str, dict]:
     return {rel: yaml.load(text, Loader=LOADER) for rel, text in files(opts).items()}
 
@@ -56,7 +62,7 @@ def _free_base(count: int) -> int:
 
 @pytest.mark.parametrize(("accelerator", "scheduler"), COMBOS)
 def test_every_object_validates_and_the_kustomization_lists_them(accelerator, scheduler):
-    objs = _objects(K8sOptions(accelerator=accelerator, scheduler=scheduler, nodes=3))
+    objs = _objects(_k8s(accelerator=accelerator, scheduler=scheduler, nodes=3))
     kustomization = objs.pop(KUSTOMIZATION)
     assert kustomization["resources"] == list(objs)
     for rel, obj in objs.items():
@@ -71,7 +77,7 @@ def test_every_object_validates_and_the_kustomization_lists_them(accelerator, sc
 
 
 def test_the_validators_reject_a_misspelt_field():
-    objs = _objects(K8sOptions(accelerator="npu"))
+    objs = _objects(_k8s(accelerator="npu"))
     ds = _kind(objs, "DaemonSet")
     ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -91,7 +97,7 @@ def test_the_validators_reject_a_misspelt_field():
 
 
 def test_prometheusrule_holds_the_exported_rules_and_passes_promtool(tmp_path):
-    rule = _kind(_objects(K8sOptions()), "PrometheusRule")
+    rule = _kind(_objects(_k8s()), "PrometheusRule")
     assert rule["spec"] == rules_document()
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -105,7 +111,7 @@ def test_prometheusrule_holds_the_exported_rules_and_passes_promtool(tmp_path):
 
 def test_each_dashboard_configmap_holds_exactly_what_dashboards_export_writes(tmp_path):
     exported = {p.name: p.read_bytes() for p in export(tmp_path) if p.parent.name == "grafana"}
-    maps = [o for o in _objects(K8sOptions()).values() if o["kind"] == "ConfigMap"]
+    maps = [o for o in _objects(_k8s()).values() if o["kind"] == "ConfigMap"]
     assert len(maps) == len(exported) == 5
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -115,7 +121,7 @@ def test_each_dashboard_configmap_holds_exactly_what_dashboards_export_writes(tm
 
 @pytest.mark.parametrize("accelerator", list(PLACEMENTS))
 def test_exporter_listens_on_all_interfaces_with_read_only_mounts_and_a_liveness_probe(accelerator):
-    opts = K8sOptions(accelerator=accelerator, exporter_port=9411)
+    opts = _k8s(accelerator=accelerator, exporter_port=9411)
     objs = _objects(opts)
     pod = _kind(objs, "DaemonSet")["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -138,12 +144,12 @@ def test_exporter_listens_on_all_interfaces_with_read_only_mounts_and_a_liveness
 
 
 def test_only_the_npu_exporter_is_privileged_and_the_yaml_says_why():
-    text = files(K8sOptions(accelerator="npu"))["exporter-daemonset.yaml"].splitlines()
+    text = files(_k8s(accelerator="npu"))["exporter-daemonset.yaml"].splitlines()
     at = next(i for i, line in enumerate(text) if line.strip() == "privileged: true")
     assert text[at - 1].strip().startswith("#") and "device cgroup" in " ".join(text[at - 4:at])
     assert "huawei.com/Ascend910" in "\n".join(text)
     for acc in ("cuda", "cpu"):
-        pod = _kind(_objects(K8sOptions(accelerator=acc)), "DaemonSet")["spec"]["template"]["spec"]
+        pod = _kind(_objects(_k8s(accelerator=acc)), "DaemonSet")["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         sc = pod["containers"][0]["securityContext"]
         assert "privileged" not in sc and sc["allowPrivilegeEscalation"] is False
@@ -153,7 +159,7 @@ def test_only_the_npu_exporter_is_privileged_and_the_yaml_says_why():
 @pytest.mark.parametrize(("accelerator", "scheduler"), [("npu", "kubeflow"), ("cuda", "volcano"), ("cpu", "volcano")])
 def test_job_runs_npudist_launch_over_c10d_on_the_master_with_every_rank_scraped(accelerator, scheduler):
     base = _free_base(4)
-    opts = K8sOptions(accelerator=accelerator, scheduler=scheduler, nodes=3, nproc_per_node=4, metrics_port=base,
+    opts = _k8s(accelerator=accelerator, scheduler=scheduler, nodes=3, nproc_per_node=4, metrics_port=base,
                       shm_size="2Gi", script=("train.py", "--steps", "5"))
     objs = _objects(opts)
     job = _kind(objs, {"kubeflow": "PyTorchJob", "volcano": "Job"}[scheduler])
@@ -191,9 +197,9 @@ def test_job_runs_npudist_launch_over_c10d_on_the_master_with_every_rank_scraped
 
 
 def test_a_one_node_job_has_only_the_master():
-    job = _kind(_objects(K8sOptions(nodes=1)), "PyTorchJob")
+    job = _kind(_objects(_k8s(nodes=1)), "PyTorchJob")
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
-    vc = _kind(_objects(K8sOptions(nodes=1, scheduler="volcano")), "Job")
+    vc = _kind(_objects(_k8s(nodes=1, scheduler="volcano")), "Job")
     assert [t["name"] for t in vc["spec"]["tasks"]] == ["master"] and vc["spec"]["minAvailable"] == 1
 
 
@@ -203,7 +209,7 @@ def test_kustomize_builds_the_folder(tmp_path):
         pytest.skip("kubectl not installed (optional: validation above does not need it)")
     from npudist.deploy import write_files
 
-    generated = files(K8sOptions(monitor_labels=("release=kps",)))
+    generated = files(_k8s(monitor_labels=("release=kps",)))
     write_files(tmp_path, generated)
     res = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60,
                          check=False)
@@ -220,8 +226,8 @@ def test_training_pods_run_restricted_with_no_token_unless_asked(accelerator, sc
     RuntimeDefault seccomp) and no service-account token: training calls no Kubernetes API."""
     kind = {"kubeflow": "PyTorchJob", "volcano": "Job"}[scheduler]
     for opts, token, caps in [
-        (K8sOptions(accelerator=accelerator, scheduler=scheduler, nodes=2), False, None),
-        (K8sOptions(accelerator=accelerator, scheduler=scheduler, nodes=2, service_account_token=True,
+        (_k8s(accelerator=accelerator, scheduler=scheduler, nodes=2), False, None),
+        (_k8s(accelerator=accelerator, scheduler=scheduler, nodes=2, service_account_token=True,
                     add_capabilities=("IPC_LOCK",)), True, ["IPC_LOCK"]),
     ]:
         job = _kind(_objects(opts), kind)
@@ -239,13 +245,13 @@ def test_training_pods_run_restricted_with_no_token_unless_asked(accelerator, sc
 @pytest.mark.parametrize("cap", ["CAP_IPC_LOCK", "ipc_lock", "IPC LOCK", ""])
 def test_a_capability_is_a_plain_upper_case_name(cap):
     with pytest.raises(DeployError, match="--add-capability"):
-        K8sOptions(add_capabilities=(cap,))
+        _k8s(add_capabilities=(cap,))
 
 
 def test_the_rendezvous_store_is_job_private():
     """Third audit: whoever reaches the rendezvous port can abort every rank through the control counter, so
     the job's pods take connections from each other only (any port) and from anyone on the metrics ports."""
-    opts = K8sOptions(nodes=2)
+    opts = _k8s(nodes=2)
     objs = _objects(opts)
     policy = objs["job-networkpolicy.yaml"]
     job_obj = next(o for o in objs.values() if o["kind"] in ("PyTorchJob", "Job"))

@@ -78,6 +78,12 @@ def k8s_cmd(
     add_capability: Annotated[list[str] | None, typer.Option(
         help="Linux capability the training container keeps after dropping all, e.g. IPC_LOCK for RDMA "
              "(repeatable).")] = None,
+    max_restarts: int = typer.Option(3, help="Restarts after a failure (torchrun's and the scheduler's); each "
+                                     "resumes from the shared run directory. 0: none."),
+    run_dir_pvc: str | None = typer.Option(None, help="PersistentVolumeClaim (ReadWriteMany) holding the shared "
+                                           "run directory; required with restarts unless --run-dir-host-path."),
+    run_dir_host_path: str | None = typer.Option(None, help="Or a folder on a filesystem every node shares (NFS, "
+                                                 "Lustre), mounted as the run directory."),
 ) -> None:
     def build():
         from npudist.deploy import K8sOptions
@@ -88,7 +94,8 @@ def k8s_cmd(
                           shm_size=shm_size, monitor_labels=tuple(monitor_label or ()), metrics_port=metrics_port,
                           exporter_port=exporter_port, rdzv_port=rdzv_port,
                           service_account_token=service_account_token,
-                          add_capabilities=tuple(add_capability or ()))
+                          add_capabilities=tuple(add_capability or ()), max_restarts=max_restarts,
+                          run_dir_pvc=run_dir_pvc, run_dir_host_path=run_dir_host_path)
         notes = []
         if image == DEFAULT_IMAGE:
             notes.append(f"--image {DEFAULT_IMAGE} is a placeholder no registry has: the pods will not start "
@@ -117,6 +124,8 @@ def slurm_cmd(
     metrics_port: MetricsPort = 9500,
     exporter_port: ExporterPort = 9400,
     rdzv_port: int = typer.Option(29500, help="MASTER_PORT on rank 0's node (the job's MASTER_PORT wins)."),
+    run_dir: str | None = typer.Option(None, help="A folder every node shares: the job checkpoints into "
+                                       "RUN_DIR/NAME and a resubmitted or requeued job resumes there."),
 ) -> None:
     def build():
         from npudist.deploy import SlurmOptions
@@ -125,8 +134,10 @@ def slurm_cmd(
         opts = SlurmOptions(accelerator=accelerator, nodes=nodes, nproc_per_node=nproc_per_node,
                             script=_script(script), name=name, hosts=tuple(hosts or ()), sd_dir=sd_dir,
                             exporter_bin=exporter_bin, time_limit=time_limit, metrics_port=metrics_port,
-                            exporter_port=exporter_port, rdzv_port=rdzv_port)
+                            exporter_port=exporter_port, rdzv_port=rdzv_port, run_dir=run_dir)
         notes = () if opts.hosts else (f"no --hosts: {NODE_TARGETS} lists no node exporters yet",)
+        if run_dir is None:
+            notes += ("no --run-dir: a resubmitted job starts again at step 0; give a folder every node shares",)
         return files(opts), frozenset({SBATCH}), notes
 
     _generate("slurm", build, out)

@@ -14,11 +14,10 @@ from typing import Any
 
 from npudist.deploy.k8s_exporter import ALL_INTERFACES
 from npudist.deploy.manifest import SCRAPE_JOB_LABEL, host_volumes, job_labels, meta, node_name_env, render
-from npudist.deploy.options import K8sOptions
-from npudist.runtime.settings import HOST_VAR
+from npudist.deploy.options import RUN_DIR_MOUNT, K8sOptions
+from npudist.runtime.settings import HOST_VAR, RUN_DIR_VAR
 
-MAX_RESTARTS = 3
-"""torchrun restarts the workers this often; a pod that comes back rejoins the c10d rendezvous."""
+RUN_DIR_VOLUME = "run-dir"
 
 
 @dataclass(frozen=True)
@@ -44,8 +43,23 @@ def launch_args(opts: K8sOptions, rdzv_host: str, is_host: bool) -> list[str]:
     leaving torchrun to guess it from the pod's hostname and addresses."""
     return ["--nnodes", str(opts.nodes), "--nproc-per-node", str(opts.nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv_host}:{opts.rdzv_port}", "--rdzv-id", opts.name,
-            "--rdzv-conf", f"is_host={str(is_host).lower()}", "--max-restarts", str(MAX_RESTARTS),
-            "--metrics-port", str(opts.metrics_port), *opts.script]
+            "--rdzv-conf", f"is_host={str(is_host).lower()}", "--max-restarts", str(opts.max_restarts),
+            "--metrics-port", str(opts.metrics_port), *opts.resuming_script(opts.run_dir)]
+
+
+def _run_dir_volume(opts: K8sOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, str]]]:
+    """(volumes, mounts, env) for the shared run directory: a restarted pod, on whatever node, finds the
+    checkpoints its predecessor wrote there (NPUDIST_RUN_DIR for scripts; --run-dir for the example)."""
+    if opts.run_dir is None:
+        return [], [], []
+    source = ({"persistentVolumeClaim": {"claimName": opts.run_dir_pvc}} if opts.run_dir_pvc else
+              {"hostPath": {"path": opts.run_dir_host_path, "type": "DirectoryOrCreate"}})
+    return ([{"name": RUN_DIR_VOLUME, **source}], [{"name": RUN_DIR_VOLUME, "mountPath": RUN_DIR_MOUNT}],
+            [{"name": RUN_DIR_VAR, "value": opts.run_dir}])
+
+
+def _restart_policy(opts: K8sOptions, sched: Scheduler) -> str:
+    return sched.restart_policy if opts.max_restarts > 0 else "Never"
 
 
 def _container_security(opts: K8sOptions) -> dict[str, Any]:
@@ -63,13 +77,16 @@ def pod_template(opts: K8sOptions, sched: Scheduler, is_host: bool) -> dict[str,
     volumes, mounts = host_volumes(row.job_mounts)
     volumes.insert(0, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm}})
     mounts.insert(0, {"name": "dshm", "mountPath": "/dev/shm"})
+    run_volumes, run_mounts, run_env = _run_dir_volume(opts)
+    volumes += run_volumes
+    mounts += run_mounts
     devices = {row.resource: str(opts.nproc)} if row.resource else {}
     container = {
         "name": "pytorch",  # the name the Kubeflow training operator requires
         "image": opts.image,
         "command": ["npudist", "launch"],
         "args": launch_args(opts, sched.master_host(opts), is_host),
-        "env": [{"name": HOST_VAR, "value": ALL_INTERFACES}, node_name_env()],
+        "env": [{"name": HOST_VAR, "value": ALL_INTERFACES}, node_name_env(), *run_env],
         "ports": [{"name": sched.rdzv_port_name, "containerPort": opts.rdzv_port, "protocol": "TCP"},
                   *_metrics_ports(opts)],
         "resources": {"requests": dict(devices), "limits": dict(devices)},
@@ -78,7 +95,7 @@ def pod_template(opts: K8sOptions, sched: Scheduler, is_host: bool) -> dict[str,
     }
     labels = {**job_labels(opts), SCRAPE_JOB_LABEL: opts.scrape_job}
     return {"metadata": {"labels": labels},
-            "spec": {"restartPolicy": sched.restart_policy, "nodeSelector": dict(row.node_selector),
+            "spec": {"restartPolicy": _restart_policy(opts, sched), "nodeSelector": dict(row.node_selector),
                      "tolerations": [dict(t) for t in row.tolerations], "containers": [container],
                      "volumes": volumes, "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                      "automountServiceAccountToken": opts.service_account_token}}
@@ -91,7 +108,8 @@ def _roles(opts: K8sOptions) -> dict[str, int]:
 def _pytorchjob(opts: K8sOptions, templates: dict[str, dict[str, Any]]) -> dict[str, Any]:
     # Kubeflow training operator v1: replica types Master and Worker; the operator creates a headless
     # Service per pod, named <job>-<type>-<index>.
-    specs = {role.capitalize(): {"replicas": count, "restartPolicy": "OnFailure", "template": templates[role]}
+    policy = _restart_policy(opts, SCHEDULERS["kubeflow"])
+    specs = {role.capitalize(): {"replicas": count, "restartPolicy": policy, "template": templates[role]}
              for role, count in _roles(opts).items()}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta(opts.name, opts, job_labels(opts)),
             "spec": {"pytorchReplicaSpecs": specs}}
@@ -104,7 +122,7 @@ def _volcano_job(opts: K8sOptions, templates: dict[str, dict[str, Any]]) -> dict
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": meta(opts.name, opts, job_labels(opts)),
             "spec": {"schedulerName": "volcano", "minAvailable": opts.nodes, "queue": "default",
-                     "maxRetry": MAX_RESTARTS,
+                     "maxRetry": opts.max_restarts,
                      "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
                      "policies": [{"event": "PodEvicted", "action": "RestartJob"},
                                   {"event": "PodFailed", "action": "RestartJob"}],
@@ -156,7 +174,10 @@ def files(opts: K8sOptions) -> dict[str, str]:
     sched = SCHEDULERS[opts.scheduler]
     return {
         sched.file: render(job(opts), f"The training job ({sched.kind}): {opts.nodes} pod(s) x {opts.nproc} "
-                           f"rank(s) of `npudist launch`, c10d rendezvous on the master pod."),
+                           f"rank(s) of `npudist launch`, c10d rendezvous on the master pod; "
+                           + (f"up to {opts.max_restarts} restart(s)" if opts.max_restarts else "no restarts")
+                           + (f", checkpoints in {opts.run_dir} on the shared run directory, where a restart "
+                              "resumes." if opts.run_dir else ".")),
         "job-podmonitor.yaml": render(pod_monitor(opts), "Scrapes every rank's metrics (step time, skew, "
                                       "collectives) while the job runs."),
         "job-networkpolicy.yaml": render(network_policy(opts), "Keeps the rendezvous store job-private: only "

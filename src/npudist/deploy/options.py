@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from npudist._version import __version__
 from npudist.deploy.placement import NOT_YET, PLACEMENTS, Placement
@@ -23,6 +24,14 @@ _CAPABILITY = re.compile(r"(?!CAP_)[A-Z][A-Z0-9_]{1,30}")
 _HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
 NAME_MAX = 40
 """Pod names are NAME-worker-INDEX and must stay within 63 characters."""
+
+
+RUN_DIR_MOUNT = "/npudist-run"
+"""Where the training pods mount the shared run directory; the job's own folder is RUN_DIR_MOUNT/NAME."""
+RESUME_FLAGS = MappingProxyType({"examples/train_ddp.py": "--run-dir"})
+"""Scripts known to checkpoint into and resume from a folder, and the flag that names it. Other scripts
+find the folder in NPUDIST_RUN_DIR."""
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 class DeployError(ValueError):
@@ -60,6 +69,14 @@ class JobOptions:
     @property
     def placement(self) -> Placement:
         return PLACEMENTS[self.accelerator]
+
+    def resuming_script(self, run_dir: str | None) -> tuple[str, ...]:
+        """The script and its arguments, pointed at ``run_dir`` when the script is one that resumes from a
+        folder (RESUME_FLAGS) and was not given one."""
+        flag = RESUME_FLAGS.get(self.script[0]) if run_dir else None
+        if flag is None or any(a == flag or a.startswith(flag + "=") for a in self.script):
+            return self.script
+        return (*self.script, flag, run_dir)
 
     @property
     def nproc(self) -> int:
@@ -132,6 +149,17 @@ class K8sOptions(JobOptions):
     """Mount the service-account token into the training pods (only for scripts that call the API server)."""
     add_capabilities: tuple[str, ...] = ()
     """Linux capabilities the training container gets back after dropping all (e.g. IPC_LOCK for RDMA)."""
+    max_restarts: int = 3
+    """torchrun's --max-restarts, and the scheduler's retries; 0 turns restarts off."""
+    run_dir_pvc: str | None = None
+    """A PersistentVolumeClaim (ReadWriteMany) every training pod mounts at RUN_DIR_MOUNT."""
+    run_dir_host_path: str | None = None
+    """Or a host folder on a filesystem every node shares (NFS, Lustre), mounted at RUN_DIR_MOUNT."""
+
+    @property
+    def run_dir(self) -> str | None:
+        """The job's folder on the shared volume: checkpoints, run logs, hang reports."""
+        return f"{RUN_DIR_MOUNT}/{self.name}" if self.run_dir_pvc or self.run_dir_host_path else None
 
     @property
     def shm(self) -> str:
@@ -156,7 +184,27 @@ class K8sOptions(JobOptions):
                 for c in self.add_capabilities if not _CAPABILITY.fullmatch(c)]
         if self.shm_size is not None and not _QUANTITY.fullmatch(self.shm_size):
             out.append(f"--shm-size {self.shm_size!r}: give a Kubernetes quantity such as 16Gi")
-        return out + _labels(self.monitor_labels)
+        return out + _labels(self.monitor_labels) + self._run_dir_problems()
+
+    def _run_dir_problems(self) -> list[str]:
+        out = []
+        if self.max_restarts < 0:
+            out.append(f"--max-restarts {self.max_restarts}: give 0 (no restarts) or more")
+        if self.run_dir_pvc is not None and self.run_dir_host_path is not None:
+            out.append("--run-dir-pvc and --run-dir-host-path both given: choose one shared run directory")
+        if self.run_dir_pvc is not None and not _DNS_SUBDOMAIN.fullmatch(self.run_dir_pvc):
+            out.append(f"--run-dir-pvc {self.run_dir_pvc!r}: give a PersistentVolumeClaim name (lower-case "
+                       "letters, digits, '-' and '.')")
+        if self.run_dir_host_path is not None and (not _SCRIPT_PATH.fullmatch(self.run_dir_host_path)
+                                                   or self.run_dir_host_path == "/"):
+            out.append(f"--run-dir-host-path {self.run_dir_host_path!r}: give an absolute folder of letters, "
+                       f"digits and {_PATH_PUNCTUATION}")
+        if self.max_restarts > 0 and self.run_dir_pvc is None and self.run_dir_host_path is None:
+            out.append(f"--max-restarts {self.max_restarts} restarts the job, but with no shared run directory "
+                       "every restart starts again at step 0: give --run-dir-pvc NAME (a ReadWriteMany "
+                       "PersistentVolumeClaim) or --run-dir-host-path PATH (a folder on a filesystem every node "
+                       "shares), or --max-restarts 0")
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,10 +218,19 @@ class SlurmOptions(JobOptions):
     """The npudist executable on the nodes, for the systemd unit (ExecStart needs an absolute path)."""
     time_limit: str | None = None
     """`#SBATCH --time`; None: the partition's default."""
+    run_dir: str | None = None
+    """A folder every node shares (NFS, Lustre): the job checkpoints into RUN_DIR/NAME, so a resubmitted or
+    requeued job resumes there."""
+
+    @property
+    def job_run_dir(self) -> str | None:
+        return f"{self.run_dir.rstrip('/')}/{self.name}" if self.run_dir else None
 
     def problems(self) -> list[str]:
         out = super().problems()
-        for flag, path in (("--sd-dir", self.sd_dir), ("--exporter-bin", self.exporter_bin)):
+        paths = [("--sd-dir", self.sd_dir), ("--exporter-bin", self.exporter_bin)]
+        paths += [("--run-dir", self.run_dir)] if self.run_dir is not None else []
+        for flag, path in paths:
             if not _SCRIPT_PATH.fullmatch(path):
                 out.append(f"{flag} {path!r}: give an absolute path of letters, digits and {_PATH_PUNCTUATION} "
                            "(it is written into a shell script and a systemd unit, where $, quotes, backticks "

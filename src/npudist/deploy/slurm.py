@@ -17,7 +17,7 @@ from npudist._version import __version__
 from npudist.dashboards.export import files as dashboard_files
 from npudist.deploy.k8s_exporter import ALL_INTERFACES
 from npudist.deploy.options import SlurmOptions
-from npudist.runtime.settings import HOST_VAR
+from npudist.runtime.settings import HOST_VAR, RUN_DIR_VAR
 
 SBATCH = "npudist.sbatch"
 UNIT = "systemd/npudist-exporter.service"
@@ -56,10 +56,21 @@ def sbatch(opts: SlurmOptions) -> str:
         f"export {HOST_VAR}={ALL_INTERFACES}",
         f'export {SD_VAR}="${{{SD_VAR}:-{opts.sd_dir}}}"',
         f"trap 'rm -f {leftovers}' EXIT",
+        *_run_dir_lines(opts),
         "",
-        f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(task)} npudist-rank {shlex.join(opts.script)}",
+        f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(task)} npudist-rank "
+        f"{shlex.join(opts.resuming_script(opts.job_run_dir))}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _run_dir_lines(opts: SlurmOptions) -> list[str]:
+    if opts.job_run_dir is None:
+        return ["# No --run-dir: checkpoints stay wherever the script puts them; a resubmitted job may start over."]
+    return ["# Checkpoints, run logs and hang reports go to a folder every node shares, so a resubmitted or",
+            "# requeued job (scontrol requeue) resumes where this one stopped, on whichever nodes it gets.",
+            f"export {RUN_DIR_VAR}={shlex.quote(opts.job_run_dir)}",
+            f'mkdir -p "${RUN_DIR_VAR}"']
 
 
 def systemd_unit(opts: SlurmOptions) -> str:
