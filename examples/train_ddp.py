@@ -29,10 +29,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import npudist
-import npudist.telemetry
 from npudist import checkpoint
-from npudist.telemetry.job.run_log import open_run_log
-from npudist.telemetry.job.run_summary import RunSummary, checkpoint_lines
+from npudist.telemetry.job.console import Interrupt, interrupted_line
 
 
 def dump_flight_recorder(rank: int) -> None:
@@ -118,29 +116,6 @@ def hold(args: argparse.Namespace, rank: int, phase: str) -> None:
     if args.hold_at == phase and rank == args.hold_rank:
         print(f"HOLD {phase} rank={rank}", flush=True)
         time.sleep(FAULT_SLEEP_S)
-
-
-class Interrupt:
-    """Ctrl-C (or torchrun passing on a SIGINT) at any phase ends with one line, from rank 0.
-
-    The first SIGINT raises KeyboardInterrupt and is remembered; later ones only are (a second Ctrl-C, or the
-    launcher's copy of the terminal's) so nothing interrupts the line or the teardown. Remembering matters
-    because a rank blocked in a collective runs no Python signal handler until the collective returns, and it
-    often returns with an error first: the peer that got the same SIGINT already left. That error is the
-    interruption, not a failure (Python runs handlers between bytecodes only: docs.python.org/3/library/
-    signal.html#execution-of-python-signal-handlers)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGINT, self._first)
-
-    def _first(self, _signum: int, _frame: object) -> None:
-        self.note(_signum, _frame)
-        raise KeyboardInterrupt
-
-    def note(self, _signum: int, _frame: object) -> None:
-        self.requested = True
-        signal.signal(signal.SIGINT, self.note)
 
 
 def announce(args: argparse.Namespace, rank: int, step: int) -> None:
@@ -294,24 +269,6 @@ def claim_run_dir(run_dir: str) -> checkpoint.RunDirLock | None:
         raise SystemExit(f"train_ddp.py: {exc}") from None
 
 
-def duration(seconds: float) -> str:
-    """42s, 3m05s, 1h02m: short enough for a progress line."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def progress(step: int, total: int, start: int, began: float, now: float) -> str:
-    """done=N/TOTAL elapsed=.. eta=..: the ETA extrapolates this process's own steps (not resumed ones)."""
-    elapsed = now - began
-    ran = step - start
-    eta = elapsed / ran * (total - step) if ran > 0 else math.nan
-    return f"done={step}/{total} elapsed={duration(elapsed)} eta={'?' if math.isnan(eta) else duration(eta)}"
-
-
 def last_checkpoint(run_dir: str | None) -> str:
     steps = checkpoint.list_checkpoints(run_dir) if run_dir else []
     return f"step {max(steps)} in {run_dir}" if steps else "none"
@@ -327,7 +284,7 @@ class Position:
 
 def train(args: argparse.Namespace, at: Position) -> None:
     hold(args, int(os.environ.get("RANK", "0")), "init")
-    ctx = npudist.init()
+    ctx = npudist.init(watch=False)  # the loop starts below, with this script's settings
     at.is_main = ctx.is_main
     if args.run_dir:
         claim_run_dir(args.run_dir)  # held until npudist.shutdown()
@@ -347,59 +304,33 @@ def train(args: argparse.Namespace, at: Position) -> None:
     if start >= args.steps and ctx.is_main:
         print(f"already at step {start} in {args.run_dir}: raise --steps (make demo STEPS=...) above {start} "
               f"or remove {args.run_dir}", flush=True)
-    window_start, window_samples = time.perf_counter(), 0
-    # Metrics on NPUDIST_METRICS_PORT + local rank when set; skew exchange every 20 steps, ops every 100.
-    telemetry = None if args.no_telemetry else npudist.telemetry.serve_rank_metrics(ctx)
-    timer = None
-    summary = RunSummary()
-    if telemetry is not None:
-        timer = telemetry.step_timer(exchange_every=args.exchange_every, op_every=100, op_ranks=args.op_ranks)
-        npudist.telemetry.watch_ddp(ddp, timer)  # skew compares work, not time waiting in gradient all-reduce
-        if ctx.is_main:
-            timer.on_exchange.append(summary)
-        if args.straggler_diagnosis and args.run_dir and ctx.is_main:
-            from npudist.telemetry.job.straggler import StragglerDiagnosis
-
-            timer.on_exchange.append(StragglerDiagnosis(args.run_dir, windows=args.straggler_diagnosis))
     if args.run_dir:
         npudist.comm.set_run_dir(args.run_dir)
-    end_step = timer.step if timer else (lambda: None)
-    # What `npudist report RUN_DIR` plots: RUN_DIR/metrics/rank{R}.jsonl
-    runlog = open_run_log(args.run_dir, ctx, telemetry, timer, start, source) if args.run_dir else None
-    began, step, saved = time.perf_counter(), start, None
-    end_step()  # starts the first step's clock
+    # Step times, skew windows, the rank's metrics (on NPUDIST_METRICS_PORT + local rank when set), the run
+    # log `npudist report RUN_DIR` plots and rank 0's progress line: the optimizer's step marks each step.
+    loop = npudist.loop(total_steps=args.steps, start_step=start, log_every=args.log_every,
+                        samples_per_step=args.global_batch_size, run_dir=args.run_dir, resume_source=source,
+                        exchange_every=args.exchange_every, op_ranks=args.op_ranks,
+                        straggler_diagnosis=args.straggler_diagnosis, telemetry=not args.no_telemetry)
+    saved = last = None
     slow_now = not args.slow_when
     for step in range(start + 1, args.steps + 1):
         began = time.perf_counter()
         try:
-            loss = train_step(ddp, opt, args, step, ctx, timer.data_wait if timer else contextlib.nullcontext)
+            loss = train_step(ddp, opt, args, step, ctx, loop.data_wait)
             at.step = step
         except StopIteration:  # --fault skip
             break
         except Exception:
             dump_flight_recorder(ctx.rank)
             raise
+        last = loss
+        npudist.log(loss=loss)  # read only when a progress line needs it
         if ctx.rank == args.slow_rank and step >= args.slow_from:
             slow_now = slow_now or os.path.exists(args.slow_when)  # a stat a step, on the slow rank only
             if slow_now:
                 took = time.perf_counter() - began
                 time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
-        seconds = end_step()
-        window_samples += args.global_batch_size
-        if step == 1 or step % args.log_every == 0 or step == args.steps:
-            loss_value = float(loss.detach())
-            now = time.perf_counter()
-            rate = window_samples / (now - window_start)
-            if runlog is not None:
-                runlog.step(step, loss_value, seconds, rate)
-            if telemetry is not None:
-                telemetry.training_progress(loss=loss_value, samples_per_second=rate)
-            if ctx.is_main:
-                print(f"step={step} loss={loss_value:.4f} samples/s={rate:.1f} "
-                      f"{progress(step, args.steps, start, began, now)} "
-                      f"world={ctx.world_size} accelerator={ctx.accelerator.name} backend={ctx.backend}",
-                      flush=True)
-            window_start, window_samples = time.perf_counter(), 0
         if peer is not None and peer.due(step):  # the state a disk checkpoint would hold, to the partner
             peer.snapshot({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
                            "loss": float(loss.detach()), "rng": torch.get_rng_state()}, step)
@@ -411,15 +342,16 @@ def train(args: argparse.Namespace, at: Position) -> None:
                                     keep=args.keep, async_save=not args.sync_checkpoints)
             if first:
                 hold(args, ctx.rank, "checkpoint")
+    if last is not None:
+        loss_value = float(last.detach())
+    loop.flush()  # the last step's line
     if args.every_rank_done or ctx.is_main:
         print(f"rank={ctx.rank} done steps={args.steps}", flush=True)
     if ctx.is_main:
         print(f"final step={args.steps} loss={loss_value:.6f} params_sha256={params_sha256(model)}", flush=True)
         if isinstance(saved, checkpoint.SaveHandle):
             saved.wait()  # the summary names the checkpoints on disk
-        lines = summary.lines(args.run_dir, checkpoint_lines(args.run_dir) if args.run_dir else None,
-                              diagnosing=bool(args.straggler_diagnosis))
-        print("\n".join(f"summary: {line}" for line in lines), flush=True)
+    loop.finish(checkpoints=bool(args.run_dir))  # rank 0's summary: stragglers, diagnoses, checkpoints
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -429,12 +361,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(args, at)
     except BaseException as exc:
-        signal.signal(signal.SIGINT, stop.note)  # first: a SIGINT still pending now only notes
-        if not (stop.requested or isinstance(exc, KeyboardInterrupt)):
+        if not stop.caused(exc):
             raise
         if at.is_main:  # before the teardown, which may wait on peers that already left
-            print(f"interrupted at step {at.step}; last checkpoint {last_checkpoint(args.run_dir)}; "
-                  "run the same command to resume", flush=True)
+            print(interrupted_line(at.step, last_checkpoint(args.run_dir)), flush=True)
         raise SystemExit(130) from None
     finally:
         # Ends what this rank started, in one order: run log, metrics server and poller, the last

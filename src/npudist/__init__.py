@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from npudist.accelerators import Accelerator, AcceleratorUnavailable, accelerator
     from npudist.comm import active_constraints as constraints
     from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, busy, reduce_scatter
-    from npudist.comm.ddp import ddp
     from npudist.lifecycle import DistContext, DistInitError, init, shutdown
+    from npudist.training import ddp, log, loop, step
 
 # Public name -> (module, attribute there).
 _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
@@ -32,14 +32,17 @@ _EXPORTS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "busy": ("npudist.comm", "busy"),
     "constraints": ("npudist.comm", "active_constraints"),
     "reduce_scatter": ("npudist.comm", "reduce_scatter"),
-    "ddp": ("npudist.comm.ddp", "ddp"),
+    "ddp": ("npudist.training", "ddp"),
+    "log": ("npudist.training", "log"),
+    "loop": ("npudist.training", "loop"),
+    "step": ("npudist.training", "step"),
     "DistContext": ("npudist.lifecycle", "DistContext"),
     "DistInitError": ("npudist.lifecycle", "DistInitError"),
     "init": ("npudist.lifecycle", "init"),
     "shutdown": ("npudist.lifecycle", "shutdown"),
 })
 _SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "edge", "infer", "lifecycle",
-                          "migrate", "ops", "report", "runtime", "telemetry"})
+                          "migrate", "ops", "report", "runtime", "telemetry", "training"})
 
 __all__ = [
     "Accelerator",
@@ -56,8 +59,11 @@ __all__ = [
     "constraints",
     "ddp",
     "init",
+    "log",
+    "loop",
     "reduce_scatter",
     "shutdown",
+    "step",
 ]
 
 

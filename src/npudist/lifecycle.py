@@ -151,11 +151,15 @@ def _check_advertised(info: RankInfo, backend: str) -> None:
     )
 
 
-def init(backend: str | None = None, timeout: float | timedelta | None = None) -> DistContext:
+def init(backend: str | None = None, timeout: float | timedelta | None = None, *,
+         watch: bool | None = None) -> DistContext:
     """Join (or return the already joined) process group for this rank.
 
     The device is selected before the group is created because HCCL and NCCL bind the communicator
     to the current device at creation; the backend is always passed explicitly so torch never guesses.
+    ``watch``: start the watched loop (npudist.training: step times, rank metrics, run log, rank 0's
+    progress line) now; None (default) starts it when the launch asked for metrics or a run directory
+    (``npudist launch --metrics-port/--run-dir``), False leaves it to ``npudist.loop()``.
     """
     try:
         rt = current()
@@ -185,6 +189,9 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None) -
     # The hang watchdog runs from here on, not from the first collective: a rank that loads or compiles
     # for long before it must be able to say that it is alive and busy.
     comm_state.start_watchdog()
+    from npudist import training  # after the group: the loop's exporter reads the rank it joined as
+
+    training.attach(rt, rt.context, watch)
     return rt.context
 
 

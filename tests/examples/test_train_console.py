@@ -1,6 +1,7 @@
 """What a user sees on the console of examples/train_ddp.py under `npudist launch`: rank 0's progress, an
 end-of-run summary, a re-run that has nothing to do, and Ctrl-C."""
 
+import json
 import os
 import re
 import signal
@@ -66,6 +67,22 @@ def test_a_second_run_says_there_is_nothing_to_do(skewed):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"already at step 200 in {run_dir}: raise --steps" in again.stdout
     assert f"or remove {run_dir}" in again.stdout
+
+
+def test_a_resumed_run_continues_its_step_numbers(skewed):
+    """After the second run found nothing to do: resumed to 240, its skew windows, run log records and lines
+    go on from step 201 (they used to start again at 1, so the report's charts stopped at the resume)."""
+    run_dir, _ = skewed
+    done = run_npudist(["launch", "--nproc-per-node", "2", "examples/train_ddp.py", "--steps", "240",
+                        "--run-dir", str(run_dir), "--log-every", "20", *SMALL], env=child_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line.split()[0] for line in done.stdout.splitlines() if line.startswith("step=")] == \
+        ["step=220", "step=240"]
+    records = [json.loads(line) for line in (run_dir / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["start_step"] for r in records if r["kind"] == "start"] == [0, 200]  # none for the run with nothing to do
+    windows = [(r["first_step"], r["last_step"]) for r in records if r["kind"] == "skew"]
+    assert windows == [(s - 19, s) for s in range(20, 241, 20)]
+    assert [r["step"] for r in records if r["kind"] == "step"] == [1, 50, 100, 150, 200, 220, 240]
 
 
 def _interrupt_at(run_dir, phase, *extra):

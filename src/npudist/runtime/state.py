@@ -57,6 +57,8 @@ class Runtime:
         """npudist.comm's CommState (group cache, recorder, watchdog, buffers), once a collective ran."""
         self.checkpoints: Any = None
         """The asynchronous CheckpointWriter, once a checkpoint was saved."""
+        self.loop: Any = None
+        """The watched training loop (telemetry/job/loop.py) npudist.init() makes; its parts are owned."""
         self._owned: dict[str, list[Callable[[], object]]] = {}
 
     def own(self, kind: str, close: Callable[[], object]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from npudist.runtime.settings import PORT_VAR, Settings, SettingsError
-from npudist.runtime.state import current
+from npudist.runtime.state import current, peek
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.exposition.node_label import node_name
 from npudist.telemetry.exposition.run_label import run_id
@@ -51,6 +51,8 @@ class RankTelemetry:
     device: RankDevice | None = None
     """The physical device this rank computes on, when the device source can tell."""
     progress: ProgressMetrics | None = None
+    timer_made: Callable[[StepTimer], None] | None = None
+    """Told of each StepTimer made here: the watched loop (npudist.training) then leaves the timing to it."""
 
     def training_progress(self, *, loss: float | None = None, samples_per_second: float | None = None) -> None:
         """Export the loop's loss and throughput (npudist_training_loss, npudist_training_samples_per_second);
@@ -73,7 +75,10 @@ class RankTelemetry:
         kwargs.setdefault("vitals", self.vitals)
         kwargs.setdefault("synchronize", self.synchronize)
         kwargs.setdefault("rank_device", self.device)
-        return StepTimer(self.training, **kwargs)
+        timer = StepTimer(self.training, **kwargs)
+        if self.timer_made is not None:
+            self.timer_made(timer)
+        return timer
 
     def close(self) -> None:
         """Stop the server and the poller (their threads joined); safe to call again. ``npudist.shutdown()``
@@ -122,10 +127,17 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
     names the source asked once which physical device the rank uses (the device/chip labels, the straggler
     diagnosis) and polled every 15 s for the temperature/frequency in skew warnings (None: neither; a
     source that cannot load is skipped). ``close()`` it when training ends, or leave that to
-    ``npudist.shutdown()``, which closes it with the Runtime.
+    ``npudist.shutdown()``, which closes it with the Runtime. Where ``npudist.init()`` already started this
+    rank's metrics (the watched loop, npudist.training), that RankTelemetry is returned: one port per rank.
     """
     env = os.environ if env is None else env
     rank, local_rank = (ctx.rank, ctx.local_rank) if ctx is not None else (0, 0)
+    loop = getattr(peek(), "loop", None)
+    started = getattr(loop, "telemetry", None)
+    if started is not None and started.local_rank == local_rank:
+        if device_source == "auto":
+            return started
+        started.close()  # another device source asked for: rebuilt below, on the same port, for the loop too
     device_type = ctx.device.type if ctx is not None else "cpu"
     health = CollectorHealth()
     try:
@@ -161,6 +173,8 @@ def serve_rank_metrics(ctx: Any = None, *, env: Mapping[str, str] | None = None,
         log.info("rank %d metrics at %s", rank, telemetry.server.url)
     if source is not None:
         telemetry.poller = Poller(source, health, interval_s=VITALS_INTERVAL_S, timeout_s=5.0).start()
+    if started is not None and started.local_rank == local_rank:
+        loop.replace_telemetry(telemetry)
     return telemetry
 
 

@@ -101,9 +101,12 @@ class StepTimer:
                  group: Any = None,
                  vitals: Vitals | None = None, synchronize: Callable[[], None] | None = None,
                  device_type: str = "cpu", rank_device: RankDevice | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, start_step: int = 0) -> None:
         if exchange_every < 0 or op_every < 0:
             raise ValueError("exchange_every and op_every must be >= 0 (0 turns the feature off)")
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0 (the training step a resumed run starts after), got "
+                             f"{start_step}")
         self.straggler_settings = dict(straggler_settings or {})
         StragglerDetector(2, **self.straggler_settings)  # refuse bad settings now, not at the first exchange
         self.detector: StragglerDetector | None = None
@@ -117,7 +120,9 @@ class StepTimer:
         self.vitals, self.synchronize, self.device_type, self.clock = vitals, synchronize, device_type, clock
         self.rank_device = rank_device
         """This rank's physical device, exchanged so the straggler is named by its card and chip."""
-        self.steps_done = 0
+        self.steps_done = start_step
+        """The training step last ended: ``start_step`` (the step a resumed run starts after) plus the steps
+        timed, so windows, reports and diagnosis files name training steps, continuous across resumes."""
         self._window: list[float] = []
         self._window_data = self._window_comm = 0.0
         self._waited = 0.0
@@ -153,6 +158,22 @@ class StepTimer:
         self._maybe_start_profiler(self.steps_done + 1)
         self._started = self.clock()
         return seconds
+
+    def resume_at(self, step: int) -> None:
+        """Number the next step ``step + 1`` (a loop that learns its resumed step after the timer was made);
+        only before the first step ended, so a window never spans two numberings."""
+        if self._window or step < 0:
+            raise ValueError(f"resume_at({step}): only a step >= 0, before the first step of a window ended")
+        self.steps_done = step
+
+    def restart(self, at: float | None = None) -> None:
+        """(Re)start the current step's clock at ``at`` (default now), dropping what it had counted: the
+        first step of a loop that is found to begin later than the timer was made."""
+        self.pause()
+        self._maybe_start_profiler(self.steps_done + 1)
+        self._start_clock()
+        if at is not None:
+            self._started = at
 
     def _start_clock(self) -> None:
         self._started = self.clock()

@@ -1,0 +1,481 @@
+"""The watched training loop: where each step ends, how long its batch took, and what rank 0 prints.
+
+Any script gets this from ``npudist.init()`` under ``npudist launch --metrics-port``/``--run-dir`` (or
+from ``npudist.loop(...)``): the end of a step comes from the optimizer's ``step`` (loop_hooks.py) or from
+``npudist.step()``, a batch's arrival from the DataLoader iterator. The loop then drives the StepTimer
+(step times, skew windows, straggler verdicts), the run log (RUN_DIR/metrics/rank{R}.jsonl), the loss and
+throughput metrics, rank 0's progress line, and the end summary.
+
+Step numbers are training steps: the step a resumed run starts after (``start_step``, or the optimizer's
+own step count, which a loaded state_dict carries) plus the steps this process ran, in the timer, the run
+log, the skew windows and the diagnosis files alike.
+
+A step's line is printed when the next step begins (its first batch, ``data_wait``), when another step
+ends, or at ``finish()``: a loop that logs its loss after ``optimizer.step()`` still has it on its line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from npudist.telemetry.job.console import interrupted_line, progress, step_line
+
+log = logging.getLogger("npudist.telemetry")
+
+TIME_BETWEEN_LINES_S = 30.0
+"""Without a total or --log-every, a progress line at most this often (and at the first step)."""
+LINES_PER_RUN = 10
+"""With a total and no --log-every, about this many progress lines over the run."""
+
+STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps", "--total_steps", "--num-steps",
+               "--num_steps", "--train-steps", "--train_steps", "--iterations", "--iters")
+"""A script's own flags that give its number of optimizer steps: the ETA's total when none is configured."""
+EPOCHS_FLAGS = ("--epochs", "--num-epochs", "--num_epochs", "--max-epochs", "--max_epochs")
+"""Flags that give its number of epochs: with the DataLoader's length, the total."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopSettings:
+    """What ``npudist.loop(...)`` configures; every field has a default that works for a plain loop."""
+
+    total_steps: int | None = None
+    """The step the run ends at (the ETA's target); None: the script's --steps-like flag, else the
+    DataLoader's length times its --epochs-like flag (one epoch without one), else no ETA."""
+    start_step: int | None = None
+    """The step this process resumes after; None: the first optimizer's own step count, else 0."""
+    log_every: int | None = None
+    """Steps between progress lines; None: about LINES_PER_RUN lines with a total, else every 30 s."""
+    samples_per_step: int | None = None
+    """Samples in one step over all ranks (samples/s); None: the batch's first dimension times the world."""
+    run_dir: str | None = None
+    """Where the run log goes (RUN_DIR/metrics/rank{R}.jsonl); None: NPUDIST_RUN_DIR, else no run log."""
+    exchange_every: int = 20
+    """Steps per skew window (every rank must use the same value)."""
+    op_every: int = 100
+    """Steps between profiled steps for operator times (0: never)."""
+    op_ranks: int = 0
+    """Profile operators on about this many ranks (0: every rank)."""
+    straggler_diagnosis: int = 0
+    """With a run directory: write RUN_DIR/straggler-step*.json after this many flagged windows (0: off)."""
+    telemetry: bool = True
+    """False: no metrics, step timer or skew exchange (the console and run log only)."""
+    resume_source: str | None = None
+    """Where the resumed state came from (the run log's start record)."""
+
+    def __post_init__(self) -> None:
+        for name in ("total_steps", "start_step", "log_every", "samples_per_step"):
+            value = getattr(self, name)
+            low = 0 if name == "start_step" else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"npudist.loop: {name}={value!r}; give an integer >= {low} or None")
+        for name in ("exchange_every", "op_every", "op_ranks", "straggler_diagnosis"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"npudist.loop: {name} must be >= 0 (0 turns it off)")
+
+
+SETTING_NAMES = frozenset(f.name for f in fields(LoopSettings))
+
+
+def flag_value(argv: Sequence[str], names: Sequence[str]) -> int | None:
+    """The positive integer after the last of ``names`` in ``argv`` (``--steps 100`` or ``--steps=100``)."""
+    found = None
+    for i, tok in enumerate(argv):
+        name, eq, value = tok.partition("=")
+        if name not in names:
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value.isdigit() and int(value) > 0:
+            found = int(value)
+    return found
+
+
+def total_hint(argv: Sequence[str], loader_length: int | None) -> int | None:
+    """The ETA's total for a script that configured none: its --steps-like flag, else its DataLoader's
+    length times its --epochs-like flag (one epoch without one), else None."""
+    steps = flag_value(argv, STEPS_FLAGS)
+    if steps is not None:
+        return steps
+    if loader_length is None or loader_length < 1:
+        return None
+    return loader_length * (flag_value(argv, EPOCHS_FLAGS) or 1)
+
+
+def batch_size_of(batch: Any) -> int | None:
+    """Samples in a batch: a tensor's first dimension, else that of the first tensor in a tuple, list or
+    dict (features, labels); None when there is none."""
+    for _ in range(3):  # (inputs, labels), {"input_ids": ...}, [[...]]: a few levels, never a deep walk
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if isinstance(batch, Mapping):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (tuple, list)):
+            batch = batch[0] if batch else None
+        else:
+            return None
+    return None
+
+
+def optimizer_step_count(optimizer: Any) -> int | None:
+    """The step count an optimizer keeps per parameter (Adam, AdamW, RMSprop, Adagrad...: ``state[p]
+    ["step"]``), read once at its first step: a loaded state_dict carries it, so a resumed script's steps
+    continue without telling npudist where it resumed. None for one that keeps none (SGD)."""
+    try:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                value = optimizer.state.get(p, {}).get("step")
+                if value is not None:
+                    return int(float(value))
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
+        return None
+    return None
+
+
+def line_due(step: int, *, total: int | None, log_every: int | None, since_line_s: float) -> bool:
+    """Whether step ``step`` gets a progress line: the first, every ``log_every``-th, the last; without
+    ``log_every`` about LINES_PER_RUN over a known total, else one per TIME_BETWEEN_LINES_S."""
+    if step == 1 or step == total:
+        return True
+    if log_every is None and total is not None:
+        log_every = max(1, total // LINES_PER_RUN)
+    if log_every is not None:
+        return step % log_every == 0
+    return since_line_s >= TIME_BETWEEN_LINES_S
+
+
+def _scalar(value: Any) -> float | None:
+    """A logged value as a finite float (a tensor is read only now, when a line or record needs it)."""
+    try:
+        out = float(value.detach()) if hasattr(value, "detach") else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    step: int
+    seconds: float | None
+    now: float
+    samples_per_second: float | None
+
+
+class TrainingLoop:
+    """One rank's watched loop. ``ctx`` is the DistContext; the telemetry, timer and run log are made from
+    ``settings`` on ``start()`` by ``make_parts`` (injectable: tests pass fakes). ``write`` prints a line
+    (rank 0 only calls it)."""
+
+    def __init__(self, ctx: Any, settings: LoopSettings | None = None, *,
+                 make_parts: Callable[[TrainingLoop], None] | None = None,
+                 write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 argv: Sequence[str] | None = None) -> None:
+        self.ctx = ctx
+        self.settings = settings or LoopSettings()
+        self.make_parts = make_parts
+        self.write = write or _print
+        self.clock = clock
+        self.argv = list(sys.argv if argv is None else argv)
+        self.telemetry: Any = None
+        self.timer: Any = None
+        self.drives_timer = True
+        """False once the script made its own StepTimer on these metrics (``adopt``): it times the steps."""
+        self.runlog: Any = None
+        self.summary: Any = None
+        self.started = False
+        self.step = self.settings.start_step or 0
+        """The training step last ended (``start_step`` until one ends)."""
+        self.start_step: int | None = self.settings.start_step
+        self.total: int | None = self.settings.total_steps
+        self.loader_length: int | None = None
+        self.began: float | None = None
+        """When this process's first step began (the progress line's elapsed time counts from here, once)."""
+        self.failed = False
+        self._lead: int | None = None
+        self._explicit = False
+        self._models: list[Any] = []
+        self._scalars: dict[str, Any] = {}
+        self._pending: _Pending | None = None
+        self._last_end: float | None = None
+        self._line_at: float | None = None
+        self._window_samples = 0
+        self._batch_samples: int | None = None
+        self._first_begun = False
+        self._runlog_opened = False
+        self._finished = False
+        self.closers: list[Callable[[], None]] = []
+        """What ends this loop (hooks included), owned by the Runtime; owned again once the run log opens,
+        so the last line is written before the run log closes (the latest closer of a kind runs first)."""
+
+    # configuration ------------------------------------------------------------------------------------------
+    def configure(self, **changes: Any) -> TrainingLoop:
+        """Change settings (LoopSettings' fields); where the steps resume from only before the first ends."""
+        unknown = sorted(set(changes) - SETTING_NAMES)
+        if unknown:
+            raise TypeError(f"npudist.loop: unknown setting(s) {', '.join(unknown)}; "
+                            f"known: {', '.join(sorted(SETTING_NAMES))}")
+        given = {k: v for k, v in changes.items() if v is not None or k in ("total_steps", "log_every")}
+        if self._last_end is not None and "start_step" in given and given["start_step"] != self.start_step:
+            raise ValueError("npudist.loop(start_step=...) after a step ended: configure it before the loop")
+        self.settings = replace(self.settings, **given)
+        if "start_step" in given:
+            self.start_step = given["start_step"]
+            self.step = given["start_step"]
+            if self.timer is not None:
+                self.timer.resume_at(self.step)
+        if "total_steps" in given:
+            self.total = given["total_steps"]
+        return self
+
+    def start(self) -> TrainingLoop:
+        """Make the parts (metrics, timer, run log) once and start the first step's clock."""
+        if self.started:
+            return self
+        self.started = True
+        if self.make_parts is not None:
+            self.make_parts(self)
+        for model in self._models:
+            self._watch(model)
+        if self.timer is not None:
+            self.timer.step()  # starts the first step's clock
+        self.began = self.clock()
+        return self
+
+    def watch_model(self, model: Any) -> None:
+        """A model made by npudist.ddp: its gradient all-reduce wait is excluded from the skew windows."""
+        self._models.append(model)
+        if self.started:
+            self._watch(model)
+
+    def replace_telemetry(self, telemetry: Any) -> None:
+        """The script asked for this rank's metrics with another device source: they replace the ones the
+        loop started (same port), and the loop's timer records into them."""
+        self.telemetry = telemetry
+        if self.timer is not None and self.drives_timer:
+            self.timer.metrics = telemetry.training
+            self.timer.vitals, self.timer.rank_device = telemetry.vitals, telemetry.device
+        telemetry.timer_made = self.adopt
+
+    def adopt(self, timer: Any) -> None:
+        """The script made its own StepTimer on this rank's metrics (``telemetry.step_timer()``): it times
+        the steps from now on, so the loop stops driving its own (two timers would count every step twice
+        and exchange twice); the summary and the run log follow the script's timer."""
+        if timer is self.timer:
+            return
+        self.timer, self.drives_timer = timer, False
+        if self.summary is not None:
+            timer.on_exchange.append(self.summary)
+        if self.runlog is not None:
+            self.runlog.attach(timer)
+
+    def _watch(self, model: Any) -> None:
+        if self.timer is None or not self.drives_timer:
+            return
+        from npudist.comm.ddp import gradient_sync
+
+        syncs = [gradient_sync(m) for m in self._models]
+        self.timer.count_waits(lambda: sum(s.wait_seconds for s in syncs))
+
+    # events -------------------------------------------------------------------------------------------------
+    def begin_step(self, at: float | None = None) -> None:
+        """A step's first activity (its batch is asked for): prints the last step's line; before the first
+        step ended, (re)starts the clock here, so setup is not the first step's time."""
+        self.flush()
+        if not self._first_begun and self._last_end is None and self.started:
+            self._first_begun = True  # gradient accumulation: the step began at its first micro-batch
+            now = self.clock() if at is None else at
+            if self.timer is not None and self.drives_timer:
+                self.timer.restart(now)
+            self.began = now
+
+    def fetched(self, batch: Any, seconds: float, at: float, loader_length: int | None = None) -> None:
+        """A DataLoader iterator returned ``batch`` after ``seconds`` (asked at ``at``)."""
+        self.begin_step(at)
+        if self.timer is not None and self.drives_timer:
+            self.timer.add_data_wait(seconds)
+        if loader_length is not None and self.loader_length is None:
+            self.loader_length = loader_length
+        if self.settings.samples_per_step is None:
+            self._batch_samples = batch_size_of(batch)
+
+    @contextlib.contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """``with loop.data_wait(): batch = ...``: for a loop without a DataLoader, the block's time is the
+        step's data time, and the step begins there."""
+        at = self.clock()
+        self.begin_step(at)
+        try:
+            yield
+        finally:
+            if self.timer is not None and self.drives_timer:
+                self.timer.add_data_wait(self.clock() - at)
+
+    def optimizer_stepped(self, optimizer: Any) -> None:
+        """The optimizer post-step hook: the first optimizer that steps marks the steps (a second one, a
+        GAN's discriminator say, steps inside the same training step); ``npudist.step()`` overrides it."""
+        if self._explicit:
+            return
+        if self._lead is None:
+            self._lead = id(optimizer)
+            if self.start_step is None:
+                count = optimizer_step_count(optimizer)
+                self._resume_from(count - 1 if count else 0)
+        elif self._lead != id(optimizer):
+            return
+        self.end_step()
+
+    def explicit_step(self) -> None:
+        """``npudist.step()``: the script marks its steps itself; optimizer steps no longer count."""
+        self._explicit = True
+        self.end_step()
+
+    def _resume_from(self, step: int) -> None:
+        self.start_step = self.step = max(0, step)
+        if self.timer is not None:
+            self.timer.resume_at(self.step)
+
+    def end_step(self) -> None:
+        if not self.started:
+            self.start()
+        if self.start_step is None:
+            self._resume_from(0)
+        if not self._runlog_opened:
+            self._runlog_opened = True
+            if self.make_parts is not None and self._run_dir() is not None:
+                self._open_run_log()
+        self.flush()
+        now_seconds = self.timer.step() if self.timer is not None and self.drives_timer else None
+        now = self.clock()
+        seconds = now_seconds if now_seconds is not None else (
+            now - (self._last_end if self._last_end is not None else self.began or now))
+        self._last_end = now
+        self.step += 1
+        per_step = self.settings.samples_per_step
+        if per_step is None and self._batch_samples is not None:
+            per_step = self._batch_samples * self.ctx.world_size
+        self._window_samples += per_step or 0
+        if self.total is None:
+            self.total = total_hint(self.argv, self.loader_length)
+        since = now - (self._line_at if self._line_at is not None else (self.began or now))
+        if line_due(self.step, total=self.total, log_every=self.settings.log_every, since_line_s=since):
+            window = now - (self._line_at if self._line_at is not None else (self.began or now))
+            rate = self._window_samples / window if per_step and window > 0 else None
+            self._pending = _Pending(self.step, seconds, now, rate)
+            self._line_at, self._window_samples = now, 0
+
+    def log(self, scalars: Mapping[str, Any]) -> None:
+        """The script's own numbers (``loss`` goes on the progress line); tensors are read only when a line
+        or record needs them, so logging every step costs no device sync."""
+        for name, value in scalars.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"npudist.log: name {name!r}; give a non-empty string")
+            self._scalars[name] = value
+
+    # output -------------------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Print and record the last due step's line, if one is waiting."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        loss = _scalar(self._scalars["loss"]) if "loss" in self._scalars else None
+        if self.runlog is not None:
+            self.runlog.step(pending.step, loss, pending.seconds, pending.samples_per_second)
+        if self.telemetry is not None:
+            self.telemetry.training_progress(loss=loss, samples_per_second=pending.samples_per_second)
+        if self.ctx.is_main:
+            done = progress(pending.step, self.total, self.start_step or 0, self.began or pending.now, pending.now)
+            where = (("world", str(self.ctx.world_size)), ("accelerator", self.ctx.accelerator.name),
+                     ("backend", self.ctx.backend))
+            self.write(step_line(pending.step, loss=loss, samples_per_second=pending.samples_per_second,
+                                 done=done, where=where))
+
+    def _run_dir(self) -> str | None:
+        return self.settings.run_dir
+
+    def _open_run_log(self) -> None:
+        from npudist.telemetry.job.run_log import open_run_log
+
+        self.runlog = open_run_log(self._run_dir(), self.ctx, self.telemetry, self.timer, self.start_step or 0,
+                                   self.settings.resume_source)
+        from npudist.runtime.state import current
+
+        for close in self.closers:
+            current().own("run_logs", close)
+
+    def interrupted_line(self) -> str:
+        """Ctrl-C's line: the step reached and the newest npudist checkpoint in the run directory."""
+        run_dir = self._run_dir()
+        steps: list[int] = []
+        if run_dir is not None:
+            from npudist import checkpoint
+
+            steps = checkpoint.list_checkpoints(run_dir)
+        last = f"step {max(steps)} in {run_dir}" if steps else None
+        return interrupted_line(self.step, last, resumable=bool(steps))
+
+    def summary_lines(self, *, checkpoints: bool | None = None) -> list[str]:
+        """The end summary (RunSummary's lines) with the run directory's diagnoses and, when this run saved
+        through npudist.checkpoint (``checkpoints`` None) or when asked, its checkpoints."""
+        from npudist.telemetry.job.run_summary import RunSummary, checkpoint_lines
+
+        summary = self.summary or RunSummary()
+        run_dir = self._run_dir()
+        if checkpoints is None and run_dir is not None:
+            from npudist import checkpoint
+
+            checkpoints = checkpoint.stats().snapshot.count > 0
+        diagnosing = bool(self.settings.straggler_diagnosis)
+        # The diagnoses line where they were asked for (or checkpoints shown, the example's summary): a
+        # script that never asked gets no line about a flag it does not have.
+        shown = run_dir if diagnosing or checkpoints else None
+        return summary.lines(shown, checkpoint_lines(run_dir) if checkpoints and run_dir else None,
+                             diagnosing=diagnosing)
+
+    def finish(self, *, checkpoints: bool | None = None) -> None:
+        """The last step's line, then (rank 0, once, after at least one step) the end summary."""
+        self.flush()
+        if self._finished or self.failed or self._last_end is None:
+            return
+        self._finished = True
+        if self.ctx.is_main:
+            self.write("\n".join(f"summary: {line}" for line in self.summary_lines(checkpoints=checkpoints)))
+
+    def close(self) -> None:
+        """finish() unless the run failed; the run log, metrics and hooks are closed by their owners."""
+        try:
+            self.finish()
+        except Exception as exc:  # the summary is telemetry: never fail the teardown over it
+            log.warning("no end summary: %s", exc)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def make_parts(loop: TrainingLoop) -> None:
+    """The real parts: this rank's metrics (served when NPUDIST_METRICS_PORT is set), a StepTimer feeding
+    them and, on rank 0, the end summary and straggler diagnosis; the run log opens at the first line."""
+    settings = loop.settings
+    if not settings.telemetry:
+        return
+    from npudist.telemetry.exposition.rank_exporter import serve_rank_metrics
+    from npudist.telemetry.job.run_summary import RunSummary
+
+    loop.telemetry = serve_rank_metrics(loop.ctx)
+    loop.timer = loop.telemetry.step_timer(exchange_every=settings.exchange_every, op_every=settings.op_every,
+                                           op_ranks=settings.op_ranks, start_step=loop.step)
+    loop.telemetry.timer_made = loop.adopt  # a script that times its own steps takes over (after ours)
+    if loop.ctx.is_main:
+        loop.summary = RunSummary()
+        loop.timer.on_exchange.append(loop.summary)
+        if settings.straggler_diagnosis and settings.run_dir:
+            from npudist.telemetry.job.straggler import StragglerDiagnosis
+
+            loop.timer.on_exchange.append(StragglerDiagnosis(settings.run_dir, windows=settings.straggler_diagnosis))

@@ -1,0 +1,33 @@
+"""A training loop as people write one, with nothing of npudist's but init() and ddp(): a DataLoader over a
+DistributedSampler, an optimizer, epochs. tests/examples/test_plain_loop.py runs it under `npudist launch`."""
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import npudist
+
+p = argparse.ArgumentParser()
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--step-ms", type=float, default=0.0, help="each step also takes this long (a slower model)")
+args = p.parse_args()
+
+ctx = npudist.init()
+torch.manual_seed(0)
+model = npudist.ddp(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, seed=0)
+loader = DataLoader(data, batch_size=8, sampler=sampler)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_ms / 1000)

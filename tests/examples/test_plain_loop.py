@@ -1,0 +1,92 @@
+"""A plain user loop (tests/examples/plain_loop.py: init, ddp, DataLoader, optimizer; nothing else of npudist's)
+under `npudist launch --nproc-per-node 2 --metrics-port P --run-dir D`: its ranks serve their metrics while
+it trains, rank 0 prints progress lines with real elapsed time and ETA, and each rank writes its run log."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO, child_env, free_port
+
+pytestmark = pytest.mark.slow
+LINE = re.compile(r"^step=(\d+) samples/s=[\d.]+ done=(\d+)/(\d+) elapsed=(\S+) eta=(\S+) world=2 "
+                  r"accelerator=cpu backend=gloo$", re.M)
+
+
+def _steps_served(port: int) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    m = re.search(r"^npudist_steps_total\{[^}]*\} ([\d.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def _seconds(text: str) -> int:
+    m = re.fullmatch(r"(?:(\d+)m)?(\d+)s", text)
+    assert m, text
+    return int(m.group(1) or 0) * 60 + int(m.group(2))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("plain") / "run"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(port),
+         "--run-dir", str(run_dir), "tests/examples/plain_loop.py", "--epochs", "2", "--step-ms", "80"],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    served: dict[int, float] = {}
+    try:
+        end = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < end and len(served) < 2:
+            for local_rank in (0, 1):
+                steps = _steps_served(port + local_rank)
+                if steps:  # a step timed and exported while the job runs
+                    served[local_rank] = steps
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, err[-3000:]
+    return run_dir, served, out
+
+
+def test_both_ranks_serve_their_step_metrics_while_training(plain):
+    _run_dir, served, out = plain
+    assert sorted(served) == [0, 1], out[-2000:]
+
+
+def test_rank_0_prints_progress_with_real_elapsed_time_and_eta(plain):
+    _run_dir, _served, out = plain
+    lines = [(int(s), int(d), int(t), _seconds(e), _seconds(eta)) for s, d, t, e, eta in LINE.findall(out)]
+    assert lines, out[-2000:]
+    assert all(t == 32 for *_, t, _e, _eta in lines)  # 16 batches a rank a epoch (256 / 8 / 2) x --epochs 2
+    last = lines[-1]
+    assert last[0] == 32 and last[3] >= 2 and last[4] == 0  # 32 steps of >= 80 ms
+    first_eta = lines[0][4]
+    assert first_eta >= 1, lines  # 31 steps of >= 80 ms ahead
+    elapsed = [e for *_, e, _eta in lines]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0]  # counted from the start, not per step
+    assert out.count("summary: straggler:") == 1
+
+
+def test_each_rank_writes_its_run_log(plain):
+    run_dir, _served, _out = plain
+    for rank in (0, 1):
+        records = [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert records[0]["kind"] == "start" and records[0]["start_step"] == 0 and records[0]["world"] == 2
+        steps = [r["step"] for r in records if r["kind"] == "step"]
+        assert steps[0] == 1 and steps[-1] == 32 and steps == sorted(steps)
+        assert [(r["first_step"], r["last_step"]) for r in records if r["kind"] == "skew"] == [(1, 20)]
+        assert records[-1]["kind"] == "comm"  # the segment closed at exit, without npudist.shutdown()
