@@ -48,7 +48,7 @@ def main() -> int:
     p.add_argument("--no-prometheus", action="store_true",
                    help="no Prometheus or alerts: each trial ends at the first step after the restart")
     p.add_argument("--observe", type=float, default=150.0, help="seconds to watch after each fault")
-    p.add_argument("--subnet", default="10.213.0", help="the cluster's /24 (another one beside a running cluster)")
+    p.add_argument("--subnet", default=None, help="the cluster's /24 as three octets (default: a free one)")
     p.add_argument("--jsonl", default=None, help="append each trial here as it ends")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print the table of the trials in JSONL")
     p.add_argument("--summary", action="store_true", help="with --table: one row per layout and fault")

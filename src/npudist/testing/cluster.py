@@ -8,12 +8,20 @@ process, a partitioned node's cable is pulled (the bridge port goes down), a slo
 ``tc tbf`` on both directions, a stopped rank gets SIGSTOP. Needs root and iproute2; ``unavailable()``
 says why not. ``close()`` removes every interface, namespace and process it made, in that order of need:
 processes first (they hold the namespaces), then namespaces (their veth ends go with them), then the bridge.
+
+A run that was killed never reaches ``close()``, and its bridge would keep its /24: a next cluster on the
+same subnet would send part of its traffic there. So every bridge carries its owner's pid and start time
+in its alias, each new cluster first removes what owners that are gone left (``sweep``), and a cluster
+takes a /24 that no interface or route of this host uses (``free_subnet``) unless told one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import random
+import re
 import secrets
 import shutil
 import signal
@@ -24,6 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TIMEOUT_S = 10.0
+SUBNETS = "10.213.0.0/16"
+"""Where clusters take their /24 from."""
+_OWNER = re.compile(r"^npudist-cluster owner=(\d+) start=(\d+)$")
+_ROUTE_TYPES = frozenset({"unicast", "local", "broadcast", "multicast", "anycast", "blackhole", "unreachable",
+                          "prohibit", "throw", "nat"})
+"""`ip route` route types that come before the destination."""
+_BRIDGE = re.compile(r"^npdbr([0-9a-f]{4})$")
+_NETNS = re.compile(r"^npd([0-9a-f]{4})-n\d+$")
 # The hostname is set inside the new UTS namespace, then the command replaces the shell; the script is
 # fixed text and every value reaches it as a positional argument, never as shell source.
 _SET_HOSTNAME = 'hostname "$1" && shift && exec "$@"'
@@ -69,23 +85,38 @@ class Node:
 class Cluster:
     """``with Cluster(2) as c: c.spawn(c.nodes[0], argv)``; nothing of it outlives the ``with``."""
 
-    def __init__(self, nodes: int, *, subnet: str = "10.213.0", run_dir: str | os.PathLike | None = None,
+    def __init__(self, nodes: int, *, subnet: str | None = None, run_dir: str | os.PathLike | None = None,
                  mtu: int = 1500) -> None:
+        """``subnet``: the first three octets of the /24 to use ("10.213.7"); None: a free one, taken on entry."""
         if not 1 <= nodes <= 200:
             raise ValueError(f"nodes={nodes}: give 1 to 200")
         self.tag = secrets.token_hex(2)
         self.bridge = f"npdbr{self.tag}"
-        self.gateway = f"{subnet}.254"
+        self.subnet = subnet
         self.run_dir = Path(run_dir) if run_dir else None
         self.mtu = mtu
-        self.nodes = [Node(i, f"node{i}", f"npd{self.tag}-n{i}", f"{subnet}.{i + 1}", f"npd{self.tag}p{i}")
-                      for i in range(nodes)]
+        self.nodes = [Node(i, f"node{i}", f"npd{self.tag}-n{i}", "", f"npd{self.tag}p{i}") for i in range(nodes)]
+        self._address(subnet or "0.0.0")
         self._made: list[tuple[str, str]] = []
+
+    def _address(self, subnet: str) -> None:
+        self.gateway = f"{subnet}.254"
+        for n in self.nodes:
+            n.address = f"{subnet}.{n.index + 1}"
 
     def __enter__(self) -> Cluster:
         reason = unavailable()
         if reason:
             raise ClusterUnavailable(reason)
+        sweep()
+        if self.subnet is None:
+            self.subnet = free_subnet()
+        else:
+            taken = _subnet_user(self.subnet)
+            if taken:
+                raise ClusterUnavailable(f"subnet {self.subnet}.0/24 is in use here ({taken}); give another or "
+                                         "leave subnet unset to take a free one")
+        self._address(self.subnet)
         try:
             self._build()
         except BaseException:
@@ -99,6 +130,8 @@ class Cluster:
     def _build(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
         self._made.append(("link", self.bridge))
+        me = os.getpid()
+        _ip("link", "set", self.bridge, "alias", f"npudist-cluster owner={me} start={_start_time(me)}")
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for n in self.nodes:
@@ -227,3 +260,78 @@ class Cluster:
         spaces = _ip("netns", "list", check=False).stdout
         return [name for name in [self.bridge, *(n.port for n in self.nodes)] if f" {name}:" in links
                 or f" {name}@" in links] + [n.netns for n in self.nodes if n.netns in spaces]
+
+
+def _start_time(pid: int) -> int:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): a pid that was reused
+    by another process has another start time. 0 when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _owner_alive(alias: str) -> bool:
+    m = _OWNER.match(alias.strip())
+    return bool(m) and _start_time(int(m[1])) == int(m[2]) != 0
+
+
+def sweep() -> list[str]:
+    """Remove what clusters whose owner process is gone left behind (a run killed before ``close()``): their
+    nodes' processes, namespaces, veth ends and bridge. Returns what was removed. A cluster whose owner
+    still runs, and any interface that is not a cluster's, are left alone."""
+    links = _ip("-o", "link", "show", check=False).stdout.splitlines()
+    bridges: dict[str, str] = {}
+    for line in links:
+        m = re.match(r"^\d+:\s+(npdbr[0-9a-f]{4})[:@]", line)
+        if m:
+            alias = re.search(r"\balias (.*)$", line)
+            bridges[_BRIDGE.match(m[1])[1]] = alias[1] if alias else ""
+    spaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
+    stale = {tag for tag, alias in bridges.items() if not _owner_alive(alias)}
+    # A namespace without its bridge: its owner died while closing (namespaces go first), or before it set up.
+    stale |= {m[1] for m in map(_NETNS.match, spaces) if m and m[1] not in bridges}
+    removed: list[str] = []
+    for tag in sorted(stale):
+        for name in [s for s in spaces if s.startswith(f"npd{tag}-n")]:
+            for pid in _ip("netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "del", name, check=False)
+            removed.append(name)
+        for line in links:
+            m = re.match(rf"^\d+:\s+(npd{tag}p\d+|npdbr{tag})[:@]", line)
+            if m and _ip("link", "del", m[1], check=False).returncode == 0:
+                removed.append(m[1])
+    return removed
+
+
+def _subnet_user(subnet: str) -> str | None:
+    """What on this host already uses ``subnet``.0/24 (an address or a route), or None."""
+    net = ipaddress.ip_network(f"{subnet}.0/24")
+    for line in _ip("-o", "-4", "addr", "show", check=False).stdout.splitlines():
+        m = re.search(r"^\d+:\s+(\S+)\s+inet\s+(\S+)", line)
+        if m and ipaddress.ip_interface(m[2]).network.overlaps(net):
+            return f"{m[1]} has {m[2]}"
+    for line in _ip("-o", "-4", "route", "show", "table", "all", check=False).stdout.splitlines():
+        words = line.split()
+        if words and words[0] in _ROUTE_TYPES:
+            words = words[1:]
+        with contextlib.suppress(ValueError, IndexError):
+            dest = ipaddress.ip_network(words[0], strict=False)  # "default" is a ValueError: skipped
+            if dest.prefixlen > 0 and dest.overlaps(net):
+                return f"route {line.strip()[:80]}"
+    return None
+
+
+def free_subnet(pool: str = SUBNETS) -> str:
+    """A /24 of ``pool`` that no address or route of this host touches, in random order, so that two runs
+    starting together rarely try the same one ("10.213.57")."""
+    nets = list(ipaddress.ip_network(pool).subnets(new_prefix=24))
+    random.shuffle(nets)
+    for net in nets:
+        subnet = str(net.network_address).rsplit(".", 1)[0]
+        if _subnet_user(subnet) is None:
+            return subnet
+    raise ClusterUnavailable(f"every /24 of {pool} is in use on this host")

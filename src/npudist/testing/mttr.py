@@ -127,7 +127,7 @@ def _blamed(report: Path) -> tuple[list[int], str]:
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
               observe_s: float = 120.0, env: dict[str, str] | None = None, keep: str | None = None,
-              prometheus: bool = True, subnet: str = "10.213.0", peer_snapshots: int = 0) -> Trial:
+              prometheus: bool = True, subnet: str | None = None, peer_snapshots: int = 0) -> Trial:
     """Start the job, apply ``fault`` to the last node (its last rank for stop_rank/slow_rank) after
     ``warm_steps`` steps, watch node 0 for ``observe_s``; with ``prometheus`` a real Prometheus scrapes every
     node (npudist.testing.cluster_monitor) and the whole window is watched for alerts, else the trial ends at
