@@ -60,7 +60,9 @@ def test_report_data_from_a_resumed_two_rank_run(tmp_path):
     summary = dict(data.summary)
     assert summary["last logged step"] == "20" and summary["run segments (starts incl. resumes)"] == "2"
     # rank 0 ran 1000-1012 and 2000-2003: 15 s, not the 1003 s from its first record to its last
-    assert dict(data.card)["duration"] == "0m 15s"
+    # and says it is a sum, beside the span the started/ended lines above it show
+    assert dict(data.card)["duration"] == ("0m 15s running, summed over 2 segments (the pauses before resumes left "
+                                           "out; 16m 43s from started to ended)")
     assert summary["world size"] == "2" and summary["accelerator"] == "cpu"
 
 

@@ -189,3 +189,15 @@ def test_a_line_is_not_drawn_across_the_pause_before_a_resumed_segment():
     assert [len(p.split()) for p in lines] == [2, 2]  # two segments, no line over the 4000 s pause
     joined = line_chart([Series("r", series.points)], title="t", x_label="s", y_label="r")
     assert len(re.findall("<polyline", joined)) == 1
+
+
+def test_the_skew_axis_fits_the_skews_instead_of_always_reaching_1(tmp_path):
+    """Skews of a healthy run are a few hundredths: on a fixed 0-1 axis they were a flat line at the bottom."""
+    root = write_run(tmp_path)
+    with (root / "metrics" / "rank0.jsonl").open("a") as fh:
+        fh.write(json.dumps({"v": 1, "time": 2004.0, "kind": "skew", "first_step": 10, "last_step": 20,
+                             "skew": 0.05, "straggler": 1, "means": [0.1, 0.11]}) + "\n")
+    page, _ = report_html(root)
+    figure = page.split('id="plot-skew"', 1)[1].split("</figure>", 1)[0]
+    ticks = [float(t) for t in re.findall(r'text-anchor="end" font-size="11">([^<]+)</text>', figure)]
+    assert ticks[0] == 0 and 0.2 <= ticks[-1] < 0.5, ticks  # skews 0.2 and 0.05 (threshold line 0.12)

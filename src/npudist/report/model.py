@@ -260,19 +260,32 @@ def _span(seconds: float) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m {s % 60:02d}s" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
-def _running_seconds(records: list[dict[str, Any]]) -> float:
-    """The time the job ran: the sum of its segments (a start record to that rank's last record before the
-    next start) on the lowest rank that logged one, so the hours between a crash and its resume don't count."""
+def _running_seconds(records: list[dict[str, Any]]) -> tuple[float, int]:
+    """The time the job ran and in how many segments: the sum of its segments (a start record to that rank's
+    last record before the next start) on the lowest rank that logged one, so the hours between a crash and
+    its resume don't count."""
     starts = [r["rank"] for r in records if r["kind"] == "start"]
     rank = min(starts) if starts else min(r["rank"] for r in records)
-    total, first, last = 0.0, None, None
+    total, first, last, segments = 0.0, None, None, 0
     for r in sorted((r for r in records if r["rank"] == rank), key=lambda r: r["time"]):
         if r["kind"] == "start" and first is not None:
             total += last - first
             first = None
-        first = r["time"] if first is None else first
+        if first is None:
+            first, segments = r["time"], segments + 1
         last = r["time"]
-    return total + (last - first if first is not None else 0.0)
+    return total + (last - first if first is not None else 0.0), segments
+
+
+def duration_text(records: list[dict[str, Any]]) -> str:
+    """The running time; for a resumed run also that it is a sum, beside the span from start to end, so it
+    is not read as "ended - started" (the card shows both times just above)."""
+    running, segments = _running_seconds(records)
+    if segments < 2:
+        return _span(running)
+    times = [r["time"] for r in records]
+    return (f"{_span(running)} running, summed over {segments} segments (the pauses before resumes left out; "
+            f"{_span(max(times) - min(times))} from started to ended)")
 
 
 def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
@@ -296,7 +309,7 @@ def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
     return (
         ("started", utc_time(min(times))),
         ("ended", utc_time(max(times))),
-        ("duration", _span(_running_seconds(run.records))),
+        ("duration", duration_text(run.records)),
         ("steps", "not recorded" if last_step is None else str(last_step)),
         ("final loss", f"{losses[-1]:.4f}" if losses else "not recorded"),
         ("best loss", f"{min(losses):.4f}" if losses else "not recorded"),

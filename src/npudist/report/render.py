@@ -127,7 +127,7 @@ def _skew(data: ReportData) -> str:
     worst = sorted(data.skew, key=lambda w: (-w.skew, w.last_step))[:WORST_WINDOWS]
     rows = [(f"{w.first_step}-{w.last_step}", f"{w.skew:.4f}", str(w.straggler)) for w in worst]
     return (_chart(series, "skew", "Step-time skew across ranks", "last step of window", "skew (ratio)",
-                   y_from_zero=True, threshold=data.skew_threshold, y_max=1.0)
+                   y_from_zero=True, threshold=data.skew_threshold)
             + f'<p data-above="{len(above)}">{len(above)} of {len(data.skew)} windows above the dashed line at '
             f"{data.skew_threshold:g}, the seed's skew rule kept for reference: no alert uses it (skew dilutes as "
             "1/sqrt(ranks); the straggler alert and diagnoses use each rank's slowdown). "
