@@ -151,7 +151,7 @@ def check(table: Any) -> list[Defect]:
                    "give each host a unique server_id (its address)")
             for i, s in enumerate(servers) if isinstance(s, dict) and ids[s.get("server_id")] > 1]
     out += _ranks(ranks)
-    out += [Defect(f, f"device_ip {ip} is used by {ips[ip]} devices", "each device NIC needs its own address")
+    out += [Defect(f, f"{ip} is used by {ips[ip]} devices", "each device NIC needs its own address")
             for f, ip in _ip_fields(servers) if ips[ip] > 1]
     if table.get("version") == "1.2":
         out += _super_pods(table, servers)
