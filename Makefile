@@ -15,9 +15,17 @@ setup:
 
 # Telemetry on: each rank serves Prometheus metrics on 127.0.0.1:$(METRICS_PORT)+local_rank while it
 # trains, the targets file lists them, and the run directory gets checkpoints and the run log.
+# A run directory that already holds the checkpoint of step STEPS is finished: no ranks are started for it.
 demo: setup
-	$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
-		--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(STEPS) --run-dir $(RUN_DIR)
+	@if [ -f "$(RUN_DIR)/$$(printf 'step-%08d' $(STEPS))/manifest.json" ]; then \
+		echo "demo: $(RUN_DIR) already finished step $(STEPS), so no ranks were started; train on with" \
+			"make demo STEPS=$$(( $(STEPS) * 2 )), or start over with rm -rf $(RUN_DIR)"; \
+	else \
+		echo $(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
+			--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(STEPS) --run-dir $(RUN_DIR); \
+		$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
+			--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(STEPS) --run-dir $(RUN_DIR); \
+	fi
 	$(PYTHON) -m npudist report $(RUN_DIR) -o $(RUN_DIR)/report.html
 
 # The demo, long enough to watch (OBSERVE_STEPS, about 10 minutes on a laptop CPU), under a real Prometheus

@@ -10,6 +10,23 @@ TORCH_SPEC=${NPUDIST_TORCH:-torch==2.13.0}
 # build that came is named below.
 CPU_INDEX=${NPUDIST_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 
+# Done before for this interpreter, with this pyproject.toml and this script, and npudist still imports from
+# this checkout: nothing to do (`make demo` on a finished run used to reinstall every time).
+STAMPS=${NPUDIST_SETUP_STAMPS:-build/setup-stamps}
+interpreter=$("$PYTHON" -c 'import sys; print(sys.prefix, sys.executable)')
+stamp="$STAMPS/$(printf '%s' "$interpreter" | sha256sum | cut -c1-16)"
+inputs=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64)
+here=$(pwd -P)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && "$PYTHON" - "$here/src" >/dev/null 2>&1 <<'PY'
+import importlib.util, sys
+spec = importlib.util.find_spec("npudist")
+sys.exit(0 if spec and spec.origin and spec.origin.startswith(sys.argv[1]) else 1)
+PY
+then
+  echo "setup: already done for $PYTHON (pyproject.toml and scripts/setup.sh unchanged); remove $stamp to redo it"
+  exit 0
+fi
+
 install_torch() {
   if "$PYTHON" - "$CPU_INDEX" >/dev/null 2>&1 <<'PY'
 import sys, urllib.request
@@ -66,3 +83,4 @@ case "$torch_version" in
     echo "setup: torch $torch_version predates numpy 2 support (torch 2.3); installing with numpy<2" ;;
 esac
 "$PYTHON" -m pip install --quiet -e ".[test]" ${numpy_pin[@]+"${numpy_pin[@]}"}
+mkdir -p "$STAMPS" && printf '%s\n' "$inputs" > "$stamp"
