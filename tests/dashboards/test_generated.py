@@ -1,6 +1,7 @@
 """Metric-name extraction, and the generated dashboards/rules checked against the catalogue."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,11 @@ def test_check_passes_the_export_and_names_a_broken_one(tmp_path):
 def test_cli_export_then_check(tmp_path):
     res = run_npudist(["dashboards", "export", "--out", str(tmp_path)], timeout=60)
     assert res.returncode == 0, res.stderr
+    assert all(Path(line).is_file() for line in res.stdout.splitlines())  # stdout: only the files written
+    steps = " ".join(res.stderr.split())  # the next steps, with this folder's paths
+    assert f"npudist dashboards check {tmp_path}" in steps
+    assert f"prometheus --config.file={tmp_path / 'prometheus' / 'prometheus.yml'}" in steps
+    assert "--targets-file /etc/prometheus/sd/npudist.json" in steps and "npudist observe" in steps
     for rel in ("grafana/npudist-training.json", "prometheus/rules.yml", "prometheus/prometheus.yml",
                 "provisioning/datasources/npudist.yml", "provisioning/dashboards/npudist.yml"):
         assert (tmp_path / rel).is_file(), rel

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -11,11 +11,16 @@ from rich.markup import escape
 
 from npudist.dashboards.rules import RUNBOOK_URL, runbook_url_problem
 
+if TYPE_CHECKING:
+    from npudist.dashboards.export import ExportOptions
+
 app = typer.Typer(no_args_is_help=True, help="Grafana dashboards and Prometheus rules for npudist metrics.")
 err = Console(stderr=True, soft_wrap=True)  # a path or command in a message stays whole, to copy
 
 
-@app.command("export", help="Write grafana/*.json, prometheus/{rules,prometheus}.yml and Grafana provisioning.")
+@app.command("export", help="Write grafana/*.json, prometheus/{rules,prometheus}.yml and Grafana provisioning, "
+                             "then say what to do with them. Example: `npudist dashboards export --out deploy/ "
+                             "--targets-file /etc/prometheus/sd/npudist.json`.")
 def export_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder to write into (created).")],
     targets_file: str = typer.Option("/etc/prometheus/sd/npudist.json",
@@ -42,6 +47,23 @@ def export_cmd(
         raise typer.Exit(2) from None
     for path in written:
         typer.echo(str(path))
+    for line in next_steps(out, opts):  # stderr: stdout stays the list of files, for scripts
+        err.print(escape(line))
+
+
+def next_steps(out: Path, opts: ExportOptions) -> list[str]:
+    """What to do with the exported folder: check it, point Prometheus and Grafana at it, feed it a job."""
+    return [
+        "next steps:",
+        f"  check the files:  npudist dashboards check {out}",
+        f"  Prometheus:       prometheus --config.file={out / 'prometheus' / 'prometheus.yml'}  (the rules load "
+        "from beside it)",
+        f"  a job to scrape:  npudist launch --metrics-port 9500 --targets-file {opts.targets_file} train.py",
+        f"  Grafana:          copy {out / 'provisioning'} to /etc/grafana/provisioning and {out / 'grafana'} to "
+        f"{opts.dashboards_path}, then restart Grafana",
+        "  or all at once on this host: npudist observe -- npudist launch --metrics-port 9500 --targets-file "
+        "runs/demo/targets.json train.py  (docs/observing.md)",
+    ]
 
 
 @app.command("check", help="Validate an exported folder: JSON structure, PromQL, metric names. Exit 1 on problems.")
