@@ -26,8 +26,8 @@ opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
     for x, y in loader:
+        time.sleep(args.step_ms / 1000)
         loss = F.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        time.sleep(args.step_ms / 1000)
