@@ -5,6 +5,7 @@ help page is built, and the page must be the real one."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -108,3 +109,14 @@ def test_a_lazily_exported_name_is_never_shadowed_by_a_submodule(package):
                           env=child_env({}))
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {}
+
+
+WITH_EXAMPLES = [["doctor"], ["test"], ["exporter"], ["report"], ["diagnose"], ["observe"], ["dashboards", "export"],
+                 ["dashboards", "check"], ["bench", "collective"], ["edge", "convert"], ["launch"]]
+
+
+@pytest.mark.parametrize("argv", WITH_EXAMPLES, ids=" ".join)
+def test_a_help_page_shows_an_example_of_its_command(argv):
+    page = " ".join(_help([*argv, "--help"])["page"].replace("│", " ").split())
+    found = re.search(r"examples?:(.*)", page, re.IGNORECASE)
+    assert found and f"npudist {' '.join(argv)} " in found.group(1), page[-800:]

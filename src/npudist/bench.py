@@ -201,7 +201,10 @@ def collective(
     out_file: str = typer.Option(None, "--out", help="Also write the JSON document to this file, e.g. "
                                   "RUN_DIR/bench/all_reduce.json for `npudist report`."),
 ) -> None:
-    """Time a collective over a range of sizes: the nccl-tests table, #wrong from a correctness check."""
+    """Time a collective over a range of sizes: the nccl-tests table, #wrong from a correctness check.
+
+    Examples: `npudist bench collective --op all_reduce --max-bytes 64M`; `npudist bench collective --op
+    all_gather --nproc 4 --baseline` (beside plain torch.distributed)."""
     # A pipe or CI log has no width; the table needs about 150 columns.
     console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 160)
     try:

@@ -137,7 +137,9 @@ def selftest(
 _STYLE = MappingProxyType({"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"})
 
 
-@app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails.")
+@app.command(help="Check this machine for what breaks distributed jobs; exit 1 if a check fails. Examples: "
+                  "`npudist doctor`; `npudist doctor --master-addr host0 --master-port 29500` (on a worker node); "
+                  "`npudist doctor --json`.")
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
            table: bool = typer.Option(None, "--table/--compact",
                                       help="A table (default on a terminal) or plain lines (default in a pipe)."),
@@ -214,7 +216,8 @@ def _add_ranktable() -> None:
 _add_ranktable()
 
 
-@app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit).")
+@app.command(help="Serve this node's device metrics for Prometheus (DaemonSet or systemd unit). Examples: "
+                  "`npudist exporter`; `npudist exporter --listen 0.0.0.0:9400 --source npu-smi --interval 15s`.")
 def exporter(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT; 0.0.0.0:PORT listens on every interface."),
     source: str = typer.Option("auto", help="auto, npu-smi, rknpu, nvml, cpu (or package.module:Class)."),
@@ -235,7 +238,8 @@ def exporter(
     node.run_forever(running)
 
 
-@app.command(help="Render RUN_DIR's recorded metrics and benchmarks as one self-contained HTML page.")
+@app.command(help="Render RUN_DIR's recorded metrics and benchmarks as one self-contained HTML page. Example: "
+                  "`npudist report runs/demo` (writes runs/demo/report.html).")
 def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds metrics/rank*.jsonl)."),
            out: str = typer.Option(None, "-o", "--out", help="HTML file to write (default RUN_DIR/report.html).")
            ) -> None:
@@ -255,7 +259,8 @@ def report(run_dir: str = typer.Argument(..., help="The job's --run-dir (holds m
 
 
 @app.command(help="Read RUN_DIR's hang reports, straggler diagnoses, run log and checkpoints back: what went "
-                  "wrong, on which rank, host and card, and what to run next. Exit 1 when something did.")
+                  "wrong, on which rank, host and card, and what to run next. Exit 1 when something did. "
+                  "Examples: `npudist diagnose runs/demo`; `npudist diagnose runs/demo --json`.")
 def diagnose(run_dir: str = typer.Argument(..., help="The job's --run-dir."),
              as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
     import json
@@ -279,7 +284,9 @@ def diagnose(run_dir: str = typer.Argument(..., help="The job's --run-dir."),
 
 @app.command(help="Start a real Prometheus (127.0.0.1) with npudist's rules on a running job's targets file and "
                   "`npudist exporter` for this host's devices, print the URL, run COMMAND (e.g. the job) and keep "
-                  "Prometheus up after it until Ctrl-C. `make observe` runs the demo under it.")
+                  "Prometheus up after it until Ctrl-C. `make observe` runs the demo under it. Example: `npudist "
+                  "observe -- npudist launch --metrics-port 9500 --targets-file runs/demo/targets.json "
+                  "examples/train_ddp.py`.")
 def observe(
     command: Annotated[list[str] | None, typer.Argument(
         help="After --: the job to run while Prometheus watches it.")] = None,

@@ -15,7 +15,14 @@ Start SCRIPT on every rank of this node through torchrun, with what torchrun can
 --nproc-per-node defaults to one rank per device of the detected accelerator (2 on a CPU), a single-node
 job gets a free --master-port instead of 29500, and --metrics-port/--targets-file give Prometheus the ranks'
 endpoints (the file is emptied when the job ends). npudist's own options come first; every other option is
-torchrun's, passed through unchanged (https://pytorch.org/docs/stable/elastic/run.html)."""
+torchrun's, passed through unchanged (https://pytorch.org/docs/stable/elastic/run.html).
+
+examples:
+  npudist launch examples/train_ddp.py --steps 100            one rank per device (2 on a CPU)
+  npudist launch --simulate npu examples/train_ddp.py         every rank on the simulated Ascend NPU
+  npudist launch --metrics-port 9500 --targets-file runs/t.json --run-dir runs/r train.py
+  npudist launch --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29500 train.py
+  mpirun -n 8 npudist launch --mpi train.py                   one rank per MPI process"""
 _HELP = MappingProxyType({
     "nproc_per_node": "npudist: ranks on this node, a positive integer or auto (default) = one per device of "
                       "the accelerator (NPUDIST_CPU_NPROC, default 2, on a CPU)",

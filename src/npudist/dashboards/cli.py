@@ -66,7 +66,8 @@ def next_steps(out: Path, opts: ExportOptions) -> list[str]:
     ]
 
 
-@app.command("check", help="Validate an exported folder: JSON structure, PromQL, metric names. Exit 1 on problems.")
+@app.command("check", help="Validate an exported folder: JSON structure, PromQL, metric names. Exit 1 on problems. "
+                            "Example: `npudist dashboards check deploy/`.")
 def check_cmd(folder: Annotated[Path, typer.Argument(help="Folder written by `npudist dashboards export`.")]) -> None:
     from npudist.dashboards.check import check_dir
 

@@ -88,7 +88,9 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
 
 
 @app.command(help="Convert MODEL (an .onnx file, or FILE.py:FUNCTION / package.module:FUNCTION returning a torch "
-             "module) to .rknn, and print its accuracy against the source on held-out samples.")
+             "module) to .rknn, and print its accuracy against the source on held-out samples. Examples: "
+             "`npudist edge convert model.onnx --target rk3588`; `npudist edge convert model.py:build "
+             "--input-shape 1,8`.")
 def convert(
     model: Annotated[str, typer.Argument(help="model.onnx, or a callable returning a torch nn.Module")],
     out: Annotated[Path | None, typer.Option("-o", "--out", help="The .rknn to write (with several --dtype: "
