@@ -105,3 +105,15 @@ def test_a_failed_lookup_is_counted_and_leaves_the_labels_empty(caplog):
     assert "ASCEND_RT_VISIBLE_DEVICES='x'" in caplog.text
     assert rank_labels(3, 1, "n1", None) == ["3", "1", "n1", "", "", ""]
     assert rank_labels(3, 1, "n1", RankDevice(2, 1, 5), "j7") == ["3", "1", "n1", "2", "1", "j7"]
+
+
+def test_the_hosts_one_cpu_reading_is_every_cpu_ranks():
+    """Rank 1 of a CPU job found no reading of its own: its straggler line said "frequency n/a" and its run log
+    had no CPU utilization, although the host source reads the clock for every rank on the host."""
+    from npudist.telemetry.exposition.rank_exporter import local_reading
+    from npudist.telemetry.sources.readings import DeviceReading
+
+    host = DeviceReading(vendor="cpu", device_id=0, frequency_hertz=2.6e9, utilization_ratio=0.5)
+    assert [local_reading((host,), r) for r in (0, 1, 7)] == [host, host, host]
+    gpus = (DeviceReading(vendor="cuda", device_id=0), DeviceReading(vendor="cuda", device_id=1))
+    assert local_reading(gpus, 1) is gpus[1] and local_reading(gpus[:1], 1) is None  # a device per rank

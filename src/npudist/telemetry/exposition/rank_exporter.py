@@ -27,6 +27,7 @@ from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
 from npudist.telemetry.job.comm_metrics import CommCollector
 from npudist.telemetry.job.progress import ProgressMetrics
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
+from npudist.telemetry.sources.host_psutil import HostSource
 from npudist.telemetry.sources.poller import Poller
 from npudist.telemetry.sources.readings import DeviceReading, RankDevice, Source, SourceError
 
@@ -94,9 +95,13 @@ class RankTelemetry:
 def local_reading(readings: tuple[DeviceReading, ...], local_rank: int,
                   device: RankDevice | None = None) -> DeviceReading | None:
     """The reading of this rank's device: the located one (``device``) when known; else logical id = local
-    rank when the source knows it, else the local_rank-th device listed (NVML, rknpu, cpu)."""
+    rank when the source knows it, else the local_rank-th device listed (NVML, rknpu). The host source's one
+    reading (vendor "cpu") is every CPU rank's: rank 1 had none, so its straggler line said "frequency n/a"
+    and its run log had no CPU utilization."""
     if device is not None:
         return next((r for r in readings if (r.device_id, r.chip_id) == (device.device_id, device.chip_id)), None)
+    if len(readings) == 1 and readings[0].vendor == HostSource.vendor:
+        return readings[0]
     for r in readings:
         if r.logical_id == local_rank:
             return r

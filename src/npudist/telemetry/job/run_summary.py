@@ -41,6 +41,8 @@ class RunSummary:
     stragglers: collections.Counter[tuple[int, tuple[int, int] | None]] = field(
         default_factory=collections.Counter)
     """(rank, (device, chip) or None) -> windows in which the detector flagged it."""
+    flagged_ratios: dict[int, list[tuple[float, SkewReport]]] = field(default_factory=dict)
+    """rank -> (its ratio, the window) for each window in which it was flagged, oldest first."""
     ranks: int = 0
     """Largest world size seen in a window."""
     slowest: collections.Counter[int] = field(default_factory=collections.Counter)
@@ -64,6 +66,7 @@ class RunSummary:
         for r in report.flagged:
             self.stragglers[(r, report.devices[r] if r < len(report.devices) else None)] += 1
             ratio = report.ratios[r] if r < len(report.ratios) and report.ratios[r] is not None else 0.0
+            self.flagged_ratios.setdefault(r, []).append((ratio, report))
             if self.worst is None or ratio > self.worst[0]:
                 self.worst = (ratio, r, report)
 
@@ -77,9 +80,24 @@ class RunSummary:
         where = "" if device is None else f" (device {device[0]} chip {device[1]})"
         assert self.worst is not None
         ratio, worst_rank, w = self.worst
-        return (f"straggler: rank {rank}{where} flagged in {count} of {self.windows} windows; worst "
-                f"{ratio:.2f}x the median of the other ranks (rank {worst_rank}, steps {w.first_step}-{w.last_step}); "
+        other = "" if worst_rank == rank else (f"; worst of all: rank {worst_rank} at {ratio:.2f}x (steps "
+                                               f"{w.first_step}-{w.last_step})")
+        return (f"straggler: rank {rank}{where} flagged in {count} of {self.windows} windows, "
+                f"{self._slowdowns(rank)} the median of the other ranks{other}; "
                 f"{self.flagged} window(s) with a flagged rank, max skew {self.max_skew:.3f}")
+
+    def _slowdowns(self, rank: int) -> str:
+        """Its slowdown where the console's line named it (the first flagged window) and at its worst, each
+        with its steps: one number alone differed from the console's for the same straggler, with nothing
+        to say that they measure different windows."""
+        seen = self.flagged_ratios.get(rank, [])
+        if not seen:
+            return "n/a"
+        (first, f), (most, m) = seen[0], max(seen, key=lambda x: x[0])
+        if m is f:
+            return f"at {first:.2f}x (steps {f.first_step}-{f.last_step})"
+        return (f"at {first:.2f}x when first flagged (steps {f.first_step}-{f.last_step}, the console's line), "
+                f"{most:.2f}x at worst (steps {m.first_step}-{m.last_step})")
 
     def _persistently_slowest(self) -> str:
         """A rank that was the slowest in more windows than chance makes (each rank is the slowest in 1/N of
