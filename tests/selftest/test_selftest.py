@@ -115,3 +115,13 @@ def test_a_broken_collective_and_a_broken_checkpoint_fail_by_name(tmp_path):
     assert "fails its sha256 check" in done.stdout
     assert "failed: all_gather, checkpoint" in done.stdout.splitlines()[-2]
     assert (tmp_path / "launch.log").is_file()  # kept for the user on failure
+
+
+@pytest.mark.slow
+def test_npudist_test_passes_on_the_simulated_npu_without_torchs_timer_warning(tmp_path):
+    """DDP's runtime stats have no timer for the `npu` device type: each rank printed torch's "Time stats are
+    currently only collected for CPU and CUDA devices" (npudist.ddp leaves those stats out there)."""
+    done = run_npudist(["test", "--simulate", "npu", "--out", str(tmp_path)], timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "over hccl on npu-sim" in done.stdout
+    assert "Time stats are currently only collected" not in (tmp_path / "launch.log").read_text()

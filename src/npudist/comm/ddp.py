@@ -238,6 +238,8 @@ def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
         _copy_rank0_states(model, ddp_kwargs.get("process_group"))
         ddp_kwargs["init_sync"] = False
     wrapped = _NpudistDDP(model, **ddp_kwargs)
+    if ctx.accelerator.vendor.simulated:
+        wrapped.logger = _UntimedLogger(wrapped.logger)
     if getattr(wrapped, "_use_python_reducer", False):
         raise ValueError(
             "npudist.ddp: torch._dynamo.config.optimize_ddp='python_reducer' calls comm hooks per parameter, "
@@ -246,6 +248,25 @@ def ddp(model: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
     wrapped._npudist_sync = sync
     DistributedDataParallel.register_comm_hook(wrapped, sync, _hook)
     return wrapped
+
+
+class _UntimedLogger:
+    """DDP's c10d Logger on the simulated NPU, without the sampled runtime stats.
+
+    DDP's forward calls ``logger.set_runtime_stats_and_log()``, which times the step with a reducer timer
+    registered per device type; torch registers one for CPU and CUDA only, so on the simulated ``npu``
+    device every rank printed "Time stats are currently only collected for CPU and CUDA devices" from
+    logger.cpp (a C++ warning, out of reach of Python's warning filters). Those stats are DDP's own
+    logging data, which nothing in npudist reads; every other call goes to the real logger."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def set_runtime_stats_and_log(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
 
 
 def gradient_sync(model: torch.nn.Module) -> GradientSync:

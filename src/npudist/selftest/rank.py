@@ -92,32 +92,41 @@ def check_all_reduce_many(ctx: npudist.DistContext, _: Path) -> str:
     return f"{len(shapes)} tensors averaged in buckets"
 
 
-def _batch(rank: int) -> torch.Tensor:
-    return torch.randn(16, 8, generator=torch.Generator().manual_seed(1000 + rank))
+def _batch(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(16, 8, generator=torch.Generator().manual_seed(1000 * (step + 1) + rank))
+
+
+DDP_STEPS = 2
+"""The second step runs on the buckets DDP rebuilds after the first (and is when DDP starts its sampled
+runtime stats), so both paths a training's steps take are checked."""
 
 
 def check_ddp_step(ctx: npudist.DistContext, _: Path, state: dict) -> str:
-    """One step of npudist.ddp on different data per rank: the gradient must be the mean of every rank's
-    gradient (computed here on this rank's CPU from the other ranks' known batches), and so the step."""
+    """Steps of npudist.ddp on different data per rank: each gradient must be the mean of every rank's gradient
+    (computed here on this rank's CPU from the other ranks' known batches), and so each update."""
     torch.manual_seed(0)
     reference = torch.nn.Linear(8, 4)
     model = npudist.ddp(copy.deepcopy(reference))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(_batch(ctx.rank).to(ctx.device)).pow(2).mean().backward()
-    grads = []
-    for r in range(ctx.world_size):
-        reference.zero_grad()
-        reference(_batch(r)).pow(2).mean().backward()
-        grads.append([p.grad.clone() for p in reference.parameters()])
-    want = [sum(g[i] for g in grads) / ctx.world_size for i in range(len(grads[0]))]
-    for (name, p), g in zip(model.module.named_parameters(), want, strict=True):
-        _compare(p.grad, g, f"gradient of {name}")
-    opt.step()
-    for (name, p), (_, p0), g in zip(model.module.named_parameters(), reference.named_parameters(), want,
-                                     strict=True):
-        _compare(p, p0.detach() - 0.1 * g, f"{name} after the step")
+    for step in range(DDP_STEPS):
+        opt.zero_grad()
+        model(_batch(ctx.rank, step).to(ctx.device)).pow(2).mean().backward()
+        grads = []
+        for r in range(ctx.world_size):
+            reference.zero_grad()
+            reference(_batch(r, step)).pow(2).mean().backward()
+            grads.append([p.grad.clone() for p in reference.parameters()])
+        want = [sum(g[i] for g in grads) / ctx.world_size for i in range(len(grads[0]))]
+        for (name, p), g in zip(model.module.named_parameters(), want, strict=True):
+            _compare(p.grad, g, f"step {step + 1}: gradient of {name}")
+        opt.step()
+        with torch.no_grad():
+            for p0, g in zip(reference.parameters(), want, strict=True):
+                p0 -= 0.1 * g
+        for (name, p), p0 in zip(model.module.named_parameters(), reference.parameters(), strict=True):
+            _compare(p, p0.detach(), f"step {step + 1}: {name} after the update")
     state["model"] = model.module
-    return "the gradient is every rank's mean and the step matches"
+    return f"{DDP_STEPS} steps: each gradient is every rank's mean and each update matches"
 
 
 def check_checkpoint(ctx: npudist.DistContext, out: Path, state: dict) -> str:
