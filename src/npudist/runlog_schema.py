@@ -91,6 +91,22 @@ def _text(value: Any) -> str:
     return value
 
 
+MAX_NAMES = 64
+"""Scalars a ``scalars`` record may carry (npudist.log names; the metrics keep fewer: progress.py)."""
+
+
+def _named(value: Any) -> dict[str, float | None]:
+    if not isinstance(value, dict) or len(value) > MAX_NAMES:
+        raise RecordError(f"must be an object of at most {MAX_NAMES} names, each a number or null")
+    out: dict[str, float | None] = {}
+    for name, v in value.items():
+        try:
+            out[_text(name)] = None if v is None else _number(v)
+        except RecordError as exc:
+            raise RecordError(f"[{str(name)[:MAX_TEXT]!r}] {exc}") from None
+    return out
+
+
 def _numbers(value: Any) -> list[float | None]:
     if not isinstance(value, list) or len(value) > MAX_LIST:
         raise RecordError(f"must be a list of at most {MAX_LIST} numbers or nulls")
@@ -131,6 +147,7 @@ TYPES: Mapping[str, tuple[Callable[[Any], Any], str]] = MappingProxyType({
     "number": (_number, "number"),
     "text": (_text, "string"),
     "numbers": (_numbers, "list of numbers"),
+    "named": (_named, "object of name: number"),
     "ops": (_ops, "list of {op, backend, calls, bytes, seconds}"),
 })
 
@@ -178,6 +195,11 @@ KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
         Field("loss", "number", "training loss"),
         Field("step_seconds", "number", "StepTimer's wall time of the step"),
         Field("samples_per_second", "number", "samples per second over the loop's logging window"),
+    )),
+    Kind("scalars", "a logged step, when the script recorded its own numbers (npudist.log)", (
+        Field("step", "count", "step number", required=True),
+        Field("values", "named", "the last value of each name the script logged (loss is in the step record)",
+              required=True),
     )),
     Kind("skew", "every StepTimer exchange", (
         Field("first_step", "count", "first step of the window", required=True),

@@ -95,10 +95,12 @@ def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
     timer.step()
     timer.step()
     runlog.step(1, 2.5, 0.125)
+    runlog.scalars(1, {"lr": 3e-4, "grad_norm": float("inf")})  # a non-finite value is written as null
     recorder.record("all_reduce", "gloo", 64, 0.01)
     runlog.close()
     lines = _lines(rank_file(tmp_path, 0))
     assert {r["kind"] for r in lines} == set(schema.KINDS)
+    assert [r["values"] for r in lines if r["kind"] == "scalars"] == [{"lr": 3e-4, "grad_norm": None}]
     assert (lines[0]["npu_id"], lines[0]["chip_id"]) == (2, 1)
     for line in lines:
         checked = schema.check(line)

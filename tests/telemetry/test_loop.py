@@ -204,3 +204,28 @@ def test_bad_settings_are_refused_by_name():
         LoopSettings(total_steps=0)
     with pytest.raises(TypeError, match=r"unknown setting.*totl_steps"):
         TrainingLoop(CTX).configure(totl_steps=3)
+
+
+def test_logged_scalars_go_to_the_run_log_and_metrics_at_each_line():
+    """npudist.log: the loss on the line and in the step record, the other names in a scalars record and in
+    the rank's metrics; a name per step is refused rather than grown without bound."""
+    clock, lines = FakeClock(), []
+    loop = _loop(clock, lines, log_every=2, start_step=0)
+    runlog = SimpleNamespace(steps=[], scalar_records=[])
+    runlog.step = lambda step, loss, seconds, rate: runlog.steps.append((step, loss))
+    runlog.scalars = lambda step, values: runlog.scalar_records.append((step, values))
+    exported = []
+    loop.runlog = runlog
+    loop.telemetry = SimpleNamespace(training_progress=lambda **kw: None,
+                                     progress=SimpleNamespace(report_scalars=exported.append))
+    for step in (1, 2):
+        clock.now += 1.0
+        loop.end_step()
+        loop.log({"loss": torch.tensor(5.0 - step), "lr": 0.1 * step})
+    loop.flush()
+    assert runlog.steps == [(1, 4.0), (2, 3.0)]
+    assert runlog.scalar_records == [(1, {"lr": 0.1}), (2, {"lr": 0.2})]
+    assert exported == [{"lr": 0.1}, {"lr": 0.2}]
+    with pytest.raises(ValueError, match="at most 64 names"):
+        for i in range(100):
+            loop.log({f"m{i}": 1.0})

@@ -108,9 +108,24 @@ def test_training_progress_exports_loss_and_throughput_once_reported():
     from npudist.telemetry.job.progress import ProgressMetrics
 
     prog = ProgressMetrics(["0", "0", "n", "", "", ""])
-    assert [f.samples for f in prog.collect()] == [[], []]  # nothing until the loop reports
+    assert [f.samples for f in prog.collect()] == [[], [], []]  # nothing until the loop reports
     prog.report(loss=2.5, samples_per_second=812.0)
-    got = {f.name: f.samples[0].value for f in prog.collect()}
+    got = {f.name: f.samples[0].value for f in prog.collect() if f.samples}
     assert got == {"npudist_training_loss": 2.5, "npudist_training_samples_per_second": 812.0}
     with _pytest.raises(ValueError, match="not a finite number"):
         prog.report(loss=float("nan"))
+
+
+def test_logged_scalars_are_exported_by_name_and_bounded(caplog):
+    from npudist.telemetry.job.progress import MAX_SCALARS, ProgressMetrics
+
+    prog = ProgressMetrics(["0", "0", "n", "", "", ""])
+    prog.report_scalars({"lr": 3e-4, "grad_norm": float("nan")})  # non-finite: no sample, not an error
+    prog.report_scalars({"lr": 1e-4, "grad_norm": 2.0})
+    (fam,) = [f for f in prog.collect() if f.name == "npudist_training_scalar"]
+    assert {s.labels["name"]: s.value for s in fam.samples} == {"lr": 1e-4, "grad_norm": 2.0}
+    assert fam.samples[0].labels["rank"] == "0"
+    prog.report_scalars({f"x{i}": 1.0 for i in range(2 * MAX_SCALARS)})  # a name per step must not grow series
+    (fam,) = [f for f in prog.collect() if f.name == "npudist_training_scalar"]
+    assert len(fam.samples) == MAX_SCALARS
+    assert "not exported" in caplog.text

@@ -242,6 +242,9 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("npudist_training_samples_per_second", "gauge", "",
               "Samples per second over the loop's last logging window (RankTelemetry.training_progress).",
               RANK_LABELS, "training loop"),
+    MetricDef("npudist_training_scalar", "gauge", "",
+              "A number the script logged with npudist.log, by name (its last value at a logged step; at most "
+              "32 names a rank).", (*RANK_LABELS, "name"), "training loop"),
     MetricDef("npudist_step_skew_ratio", "gauge", "ratio",
               "Standard deviation / mean of the ranks' mean step times over the last window (rank 0 only).",
               RANK_LABELS, "StepTimer all_gather every N steps"),

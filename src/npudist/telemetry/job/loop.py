@@ -34,6 +34,11 @@ TIME_BETWEEN_LINES_S = 30.0
 LINES_PER_RUN = 10
 """With a total and no --log-every, about this many progress lines over the run."""
 
+MAX_NAMES = 64
+"""Names npudist.log accepts (runlog_schema.MAX_NAMES: what one run-log record may carry)."""
+MAX_NAME = 64
+"""Characters in one name."""
+
 STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps", "--total_steps", "--num-steps",
                "--num_steps", "--train-steps", "--train_steps", "--iterations", "--iters")
 """A script's own flags that give its number of optimizer steps: the ETA's total when none is configured."""
@@ -374,8 +379,12 @@ class TrainingLoop:
         """The script's own numbers (``loss`` goes on the progress line); tensors are read only when a line
         or record needs them, so logging every step costs no device sync."""
         for name, value in scalars.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"npudist.log: name {name!r}; give a non-empty string")
+            if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+                raise ValueError(f"npudist.log: name {name!r}; give a non-empty string of at most {MAX_NAME} "
+                                 "characters")
+            if name not in self._scalars and len(self._scalars) >= MAX_NAMES:
+                raise ValueError(f"npudist.log: {name!r} would be name number {MAX_NAMES + 1}; log at most "
+                                 f"{MAX_NAMES} names (a value per name, not a name per step)")
             self._scalars[name] = value
 
     # output -------------------------------------------------------------------------------------------------
@@ -389,6 +398,13 @@ class TrainingLoop:
             self.runlog.step(pending.step, loss, pending.seconds, pending.samples_per_second)
         if self.telemetry is not None:
             self.telemetry.training_progress(loss=loss, samples_per_second=pending.samples_per_second)
+        values = {name: _scalar(v) for name, v in self._scalars.items() if name != "loss"}
+        if values:
+            if self.runlog is not None:
+                self.runlog.scalars(pending.step, values)
+            progress_metrics = getattr(self.telemetry, "progress", None)
+            if progress_metrics is not None:
+                progress_metrics.report_scalars(values)
         if self.ctx.is_main:
             done = progress(pending.step, self.total, self.start_step or 0, self.began or pending.now, pending.now)
             where = (("world", str(self.ctx.world_size)), ("accelerator", self.ctx.accelerator.name),

@@ -32,7 +32,8 @@ from npudist.telemetry.sources.readings import DeviceReading, RankDevice
 
 log = logging.getLogger("npudist.telemetry")
 
-__all__ = ["RunLog", "comm_record", "device_record", "open_run_log", "rank_file", "skew_record", "step_record"]
+__all__ = ["RunLog", "comm_record", "device_record", "open_run_log", "rank_file", "scalars_record", "skew_record",
+           "step_record"]
 
 
 def _number(value: float | None) -> float | None:
@@ -49,6 +50,11 @@ def step_record(step: int, loss: float | None, step_seconds: float | None,
     if samples_per_second is not None:
         out["samples_per_second"] = _number(samples_per_second)
     return out
+
+
+def scalars_record(step: int, values: dict[str, float | None]) -> dict[str, Any]:
+    """The script's own numbers at a logged step (npudist.log), non-finite ones as null."""
+    return {"kind": "scalars", "step": int(step), "values": {k: _number(v) for k, v in values.items()}}
 
 
 GIT_TIMEOUT_S = 5.0
@@ -167,6 +173,9 @@ class RunLog:
         if record is not None and record != self._last_device:
             self._last_device = record
             self.write(record)
+
+    def scalars(self, step: int, values: dict[str, float | None]) -> None:
+        self.write(scalars_record(step, values))
 
     def skew(self, report: SkewReport) -> None:
         self.write(skew_record(report))
