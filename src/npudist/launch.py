@@ -415,6 +415,11 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
             torchrun_main(the_plan.torchrun_argv)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
+        from npudist.launch_hint import cuda_hint
+
+        hint = cuda_hint(the_plan.script, "npu" if the_plan.env_updates.get(SIMULATE_VAR) else acc.device_type)
+        if hint:
+            print(f"npudist launch: {hint}", file=sys.stderr)
         return 1
     except SignalException as exc:
         return 128 + int(exc.sigval)
