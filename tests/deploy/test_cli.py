@@ -26,6 +26,7 @@ BAD = [
     (["k8s", "--run-dir-pvc", "runs", "--run-dir-host-path", "/nfs/runs"], "both given: choose one"),
     (["k8s", "--run-dir-host-path", "/nfs/$(id)"], "--run-dir-host-path '/nfs/$(id)': give an absolute folder"),
     (["slurm", "--run-dir", "shared/runs"], "--run-dir 'shared/runs': give an absolute path"),
+    (["slurm", "--partition", "gpu;rm"], "--partition 'gpu;rm': give partition names"),
 ]
 
 
@@ -47,6 +48,20 @@ def test_k8s_and_slurm_write_their_files(tmp_path):
     res = CliRunner().invoke(app, ["deploy", "slurm", "--out", str(tmp_path / "s"), "--hosts", "n1"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "s" / "npudist.sbatch").stat().st_mode & 0o111
+
+
+def test_slurm_asks_for_whole_nodes_and_says_which_limits_the_cluster_will_choose(tmp_path):
+    """The defaults did not fit a typical cluster: no partition (the default one may have no accelerators),
+    shared nodes (another job takes a device the ranks wait for) and the partition's time limit unsaid."""
+    res = CliRunner().invoke(app, ["deploy", "slurm", "--out", str(tmp_path / "s"), "--hosts", "n1"])
+    text, script = " ".join(res.output.split()), (tmp_path / "s" / "npudist.sbatch").read_text()
+    assert "#SBATCH --exclusive\n" in script and "--partition" not in script and "--time" not in script
+    assert "no --time: Slurm ends the job at the partition's default limit" in text and "no --partition" in text
+    res = CliRunner().invoke(app, ["deploy", "slurm", "--out", str(tmp_path / "t"), "--hosts", "n1", "--shared",
+                                   "--partition", "ascend", "--time", "24:00:00"])
+    text, script = " ".join(res.output.split()), (tmp_path / "t" / "npudist.sbatch").read_text()
+    assert "#SBATCH --partition=ascend\n" in script and "#SBATCH --time=24:00:00\n" in script
+    assert "--exclusive" not in script and "no --time" not in text and "no --partition" not in text
 
 
 

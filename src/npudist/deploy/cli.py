@@ -108,7 +108,8 @@ def k8s_cmd(
 
 
 @app.command("slurm", help="Write an sbatch script (srun + `npudist launch --mpi`), a Prometheus config with "
-             "file_sd targets, and the exporter as a systemd unit.")
+             "file_sd targets, and the exporter as a systemd unit. Example: `npudist deploy slurm --out slurm "
+             "--nodes 2 --partition gpu --time 24:00:00 --run-dir /shared/runs`.")
 def slurm_cmd(
     out: Out,
     accelerator: Accel = "npu",
@@ -120,7 +121,12 @@ def slurm_cmd(
         help="A node running the exporter unit, for Prometheus's targets (repeatable).")] = None,
     sd_dir: str = typer.Option("/etc/prometheus/sd", help="Shared folder Prometheus reads file_sd targets from."),
     exporter_bin: str = typer.Option("/usr/local/bin/npudist", help="npudist's absolute path on the nodes."),
-    time_limit: str | None = typer.Option(None, "--time", help="#SBATCH --time (e.g. 4:00:00)."),
+    time_limit: str | None = typer.Option(None, "--time", help="#SBATCH --time (e.g. 4:00:00); default: the "
+                                          "partition's limit, often an hour or less."),
+    partition: str | None = typer.Option(None, "--partition", help="#SBATCH --partition (default: the cluster's "
+                                         "default partition)."),
+    exclusive: bool = typer.Option(True, "--exclusive/--shared", help="Whole nodes for the job (#SBATCH "
+                                   "--exclusive), or share them with other jobs."),
     metrics_port: MetricsPort = 9500,
     exporter_port: ExporterPort = 9400,
     rdzv_port: int = typer.Option(29500, help="MASTER_PORT on rank 0's node (the job's MASTER_PORT wins)."),
@@ -134,8 +140,15 @@ def slurm_cmd(
         opts = SlurmOptions(accelerator=accelerator, nodes=nodes, nproc_per_node=nproc_per_node,
                             script=_script(script), name=name, hosts=tuple(hosts or ()), sd_dir=sd_dir,
                             exporter_bin=exporter_bin, time_limit=time_limit, metrics_port=metrics_port,
-                            exporter_port=exporter_port, rdzv_port=rdzv_port, run_dir=run_dir)
+                            exporter_port=exporter_port, rdzv_port=rdzv_port, run_dir=run_dir,
+                            partition=partition, exclusive=exclusive)
         notes = () if opts.hosts else (f"no --hosts: {NODE_TARGETS} lists no node exporters yet",)
+        if time_limit is None:
+            notes += ("no --time: Slurm ends the job at the partition's default limit (`sinfo -o '%P %l'` "
+                      "shows it; often an hour or less); give --time 24:00:00 or what the run needs",)
+        if partition is None:
+            notes += ("no --partition: the cluster's default partition, which may have no accelerators; "
+                      "`sinfo -s` lists them",)
         if run_dir is None:
             notes += ("no --run-dir: a resubmitted job starts again at step 0; give a folder every node shares",)
         return files(opts), frozenset({SBATCH}), notes

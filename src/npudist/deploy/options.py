@@ -217,7 +217,12 @@ class SlurmOptions(JobOptions):
     exporter_bin: str = "/usr/local/bin/npudist"
     """The npudist executable on the nodes, for the systemd unit (ExecStart needs an absolute path)."""
     time_limit: str | None = None
-    """`#SBATCH --time`; None: the partition's default."""
+    """`#SBATCH --time`; None: the partition's default (the CLI says so: it is often an hour or less)."""
+    partition: str | None = None
+    """`#SBATCH --partition`; None: the cluster's default partition."""
+    exclusive: bool = True
+    """`#SBATCH --exclusive`: the nodes are the job's alone. Ranks count on every device, the host memory and
+    the network of their nodes; another job placed beside them takes a device or bandwidth they wait for."""
     run_dir: str | None = None
     """A folder every node shares (NFS, Lustre): the job checkpoints into RUN_DIR/NAME, so a resubmitted or
     requeued job resumes there."""
@@ -238,4 +243,7 @@ class SlurmOptions(JobOptions):
         out += [f"--hosts: {h!r} is not a host name" for h in self.hosts if not _HOST.fullmatch(h)]
         if self.time_limit is not None and not re.fullmatch(r"[0-9:-]+", self.time_limit):
             out.append(f"--time {self.time_limit!r}: use Slurm's forms, e.g. 90, 4:00:00 or 2-00:00:00")
+        if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.,-]+", self.partition):
+            out.append(f"--partition {self.partition!r}: give partition names (letters, digits, '_', '.', '-', "
+                       "comma-separated), as `sinfo -s` lists them")
         return out

@@ -36,7 +36,8 @@ def sbatch(opts: SlurmOptions) -> str:
     row = opts.placement
     directives = {"job-name": opts.name, "nodes": opts.nodes, "ntasks-per-node": opts.nproc,
                   "gres": f"{row.slurm_gres}:{opts.nproc}" if row.slurm_gres else None,
-                  "time": opts.time_limit, "output": f"{opts.name}-%j.out"}
+                  "time": opts.time_limit, "partition": opts.partition, "exclusive": opts.exclusive or None,
+                  "output": f"{opts.name}-%j.out"}
     targets = f'"${SD_VAR}/{RANK_TARGETS.format(job="$SLURM_JOB_ID", node="$SLURMD_NODENAME")}"'
     leftovers = f'"${SD_VAR}"/{RANK_TARGETS.format(job=chr(34) + "$SLURM_JOB_ID" + chr(34), node="*")}'
     # bash -c runs on every task, so the node name in the targets file is the task's own node.
@@ -44,7 +45,7 @@ def sbatch(opts: SlurmOptions) -> str:
     lines = [
         "#!/bin/bash",
         *_header(f"{opts.nodes} node(s) x {opts.nproc} rank(s): `sbatch {SBATCH}`."),
-        *(f"#SBATCH --{k}={v}" for k, v in directives.items() if v is not None),
+        *(f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in directives.items() if v is not None),
         "set -euo pipefail",
         "",
         "# Rank 0 runs on the allocation's first node and hosts the rendezvous store.",
