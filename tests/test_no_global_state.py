@@ -52,6 +52,8 @@ ALLOWED = {
     "npudist.ops.activations.swish_backward": "as swish",
     "npudist.sim.state.SIM": "the simulated NPU's driver state (bytes held, collectives run, installed row): "
                              "process-wide like the torch registries it plugs into, which outlive a Runtime",
+    "npudist.comm.pg_watch._LOAD": "whether the process-group watch's kernels are loaded: the dispatcher holds "
+                                   "them for the process's life (loading twice registers them twice)",
     "npudist.report.svg._DEC": "decimal Context: precision and exponent range for axis ticks; only its unused "
                                "flags ever change",
 }

@@ -23,6 +23,7 @@ from npudist.runtime.env import rank_info, torchrun_env
 from npudist.runtime.network import Interface
 from npudist.runtime.settings import (
     ACCELERATOR_VAR,
+    PG_WATCH_VAR,
     PORT_VAR,
     PROFILE_VAR,
     RUN_DIR_VAR,
@@ -387,6 +388,24 @@ def _plan_mpi(ns: argparse.Namespace, head: list[str], tail: list[str], env: Map
                       script=None if ns.module or ns.no_python else script)
 
 
+def _build_watch() -> None:
+    """Build the process-group watch here, once, before the ranks start: each would otherwise wait on the
+    build lock at init() (10-30 s the first time a torch is used on a host). Never stops the launch."""
+    if os.environ.get(PG_WATCH_VAR, "native").lower() != "native":
+        return
+    from npudist.comm import pg_watch
+
+    if pg_watch.library_path().exists():
+        return
+    print("npudist launch: building the process-group watch for this torch (once per host and torch version)",
+          file=sys.stderr, flush=True)
+    try:
+        pg_watch.build()
+    except pg_watch.WatchUnavailable as exc:
+        print(f"npudist launch: {exc}; hangs in collectives npudist did not issue are then named only by the "
+              "collective timeout", file=sys.stderr, flush=True)
+
+
 def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
     """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script.
 
@@ -406,6 +425,7 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
 
             write_targets(the_plan.targets_file, the_plan.targets)
         os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)
+    _build_watch()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

@@ -172,7 +172,8 @@ def test_a_diagnosis_costs_o_n_store_requests(store, world, monkeypatch, tmp_pat
     ranks = [_watchdog(r, client, run_dir=str(tmp_path)) for r in range(world)]
     clock = [time.time()]
     reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=lambda s: [wd._poll() for wd in ranks[1:]
-                                                                                  if wd.record.rank != 5])
+                                                                                  if wd.record.rank != 5],
+                        processes=lambda places: {})  # the ranks are on other hosts: no process table to look in
     ranks[0].reader = reader
     for _ in range(3):
         for wd in ranks:
@@ -336,8 +337,11 @@ def _standby_job(store, monkeypatch, world: int = 4):
             if wd.record.rank not in stopped:
                 wd._poll()
 
-    reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=answer)
-    standby = HangReader(ranks[1], world, clock=lambda: clock[0], sleep=answer, standby=True)
+    def processes(places):  # the ranks share the reader's process table, which sees them stopped
+        return {r: "stopped" for r in stopped}
+
+    reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=answer, processes=processes)
+    standby = HangReader(ranks[1], world, clock=lambda: clock[0], sleep=answer, standby=True, processes=processes)
     for _ in range(3):  # a few steps, one second apart: rank 0's reader beats and learns the bound
         for wd in ranks:
             wd.done(wd.enter("all_reduce", 64))

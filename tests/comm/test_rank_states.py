@@ -30,8 +30,9 @@ ASLEEP = Look(stack='  File "train.py", line 3, in step\n    time.sleep(1000)\n'
     ({"out_of_order": True, "look": RUNNING}, "out_of_order"),  # inside another call: never completes
     ({"closed": True, "look": None}, "gone"),
     ({"look": None, "process": "gone"}, "gone"),
-    ({"look": None}, "stopped"),
+    ({"look": None}, "silent"),  # no process table to look in (another host or container): not proof of death
     ({"look": None, "process": "stopped"}, "stopped"),
+    ({"look": None, "process": "alive"}, "starved"),  # a call holding the GIL starves the watchdog thread
     ({"look": ASLEEP}, "stuck"),
     ({"look": RUNNING}, "busy"),
     ({"look": Look(stack="s", cpu_s=0.0, span_s=0.5, moved=True)}, "busy"),  # a stack that moves runs
@@ -52,7 +53,11 @@ def test_only_dead_or_stuck_ranks_are_ever_aborted_and_busy_ones_only_when_asked
     assert after(["stuck", "busy"], stuck_s=300, busy_s=None) == 300
     assert after(["busy", "declared"], stuck_s=300, busy_s=None) is None
     assert after(["busy"], stuck_s=300, busy_s=900) == 900
-    assert set(rank_states.STATES) == {"gone", "stopped", "out_of_order", "stuck", "busy", "declared"}
+    assert after(["silent", "busy"], stuck_s=300, busy_s=None) == rank_states.SILENT_ABORT_S == 60
+    assert after(["silent", "stuck"], stuck_s=30, busy_s=None) == 30
+    assert after(["starved"], stuck_s=300, busy_s=None) is None  # alive: as busy
+    assert set(rank_states.STATES) == {"gone", "stopped", "out_of_order", "stuck", "busy", "declared", "starved",
+                                       "silent"}
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"stack": 3}', b'{"stack": "s", "cpu_s": "x"}',
@@ -97,9 +102,11 @@ def store():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
 
 
-def _job(store, monkeypatch, looks: dict[int, Look | None], world: int = 3, **kw):
+def _job(store, monkeypatch, looks: dict[int, Look | None], world: int = 3,
+         processes: dict[int, str] | None = None, **kw):
     """Rank 1 stays behind in collective 1 while the others wait in collective 2; its answer is looks[1]
-    (None: it does not answer)."""
+    (None: it does not answer). ``processes``: what the reader's process table says of the ranks (the
+    simulated ranks all live in this test process; {} models ranks on other hosts)."""
     monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     monkeypatch.setattr(hang_reader, "REPROBE_S", 10.0)
     client = CountingStore(store.clone())
@@ -121,7 +128,9 @@ def _job(store, monkeypatch, looks: dict[int, Look | None], world: int = 3, **kw
                 wd._poll()
 
     clock = [time.time()]
-    reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=answer)
+    evidence = {} if processes is None else processes
+    reader = HangReader(ranks[0], world, clock=lambda: clock[0], sleep=answer,
+                        processes=lambda places: dict(evidence))
     for _ in range(3):
         for wd in ranks:
             wd.done(wd.enter("all_reduce", 8))
@@ -161,13 +170,36 @@ def test_a_busy_rank_is_reported_once_and_never_aborted(store, monkeypatch, tmp_
 
 def test_a_busy_rank_that_then_stops_answering_is_aborted_at_the_next_look(store, monkeypatch, tmp_path):
     looks: dict[int, Look | None] = {1: RUNNING}
-    _, reader, clock, aborted = _job(store, monkeypatch, looks, run_dir=str(tmp_path))
+    processes: dict[int, str] = {1: "alive"}
+    _, reader, clock, aborted = _job(store, monkeypatch, looks, processes=processes, run_dir=str(tmp_path))
     assert len(_run(reader, clock, 30)) == 1 and aborted == []
-    looks[1] = None  # SIGSTOP
+    looks[1], processes[1] = None, "stopped"  # SIGSTOP: its process table says T
     seen = _run(reader, clock, int(hang_reader.REPROBE_S) + 2)
     assert seen and seen[-1]["states"] == {"1": "stopped"} and aborted  # (the fake abort does not exit)
-    assert "did not answer: stopped or dead" in seen[-1]["line"]
+    assert "did not answer: stopped (process state: stopped)" in seen[-1]["line"]
     assert json.loads(store.get(watchdog.verdict_key()))["states"] == {"1": "stopped"}
+
+
+def test_a_rank_whose_gil_is_held_is_starved_not_stopped_and_never_aborted(store, monkeypatch, tmp_path):
+    """A 40 s pickle.load holds the GIL: the watchdog thread cannot answer, but the process table says the
+    process runs. Named as starved, reported like a busy rank, never aborted."""
+    _, reader, clock, aborted = _job(store, monkeypatch, {1: None}, processes={1: "alive"}, run_dir=str(tmp_path))
+    seen = _run(reader, clock, 120)
+    assert seen and all(v["states"] == {"1": "starved"} for v in seen) and aborted == []
+    assert seen[0]["line"].startswith("npudist busy:") and "its watchdog thread is starved" in seen[0]["line"]
+    assert seen[0]["abort_after_seconds"] is None
+
+
+def test_a_silent_rank_on_another_host_is_named_at_once_and_aborted_after_a_minute(store, monkeypatch, tmp_path):
+    """No process table to look in: silence is not proof of death, so the abort waits SILENT_ABORT_S."""
+    _, reader, clock, aborted = _job(store, monkeypatch, {1: None}, processes={}, run_dir=str(tmp_path))
+    first = _run(reader, clock, 20)
+    assert first and first[0]["states"] == {"1": "silent"} and first[0]["abort_after_seconds"] == 60
+    assert "not in this host's process table" in first[0]["line"] and aborted == []
+    _run(reader, clock, 30)
+    assert aborted == []  # ~50 s of stall
+    _run(reader, clock, 15)
+    assert aborted
 
 
 def test_a_stuck_rank_is_named_at_once_and_aborted_only_at_the_stuck_bound(store, monkeypatch, tmp_path):
@@ -255,7 +287,8 @@ def test_hang_reports_are_not_written_through_symlinks_planted_in_the_run_dir(st
     run_dir.mkdir()
     for name in ("hang-attempt0.json", "hang-rank0.json"):
         (run_dir / name).symlink_to(victim)
-    ranks, reader, clock, _aborted = _job(store, monkeypatch, {1: None}, run_dir=str(run_dir))
+    ranks, reader, clock, _aborted = _job(store, monkeypatch, {1: None}, processes={1: "stopped"},
+                                          run_dir=str(run_dir))
     assert _run(reader, clock, 20)[0]["states"] == {"1": "stopped"}
     err = ranks[0]._report("all_reduce", 4, 8, ranks[0].record, reader.read(), "timeout", None)
     assert "rank 1 on " in str(err) and err.report["where"]["1"]["pid"] > 0
@@ -270,9 +303,14 @@ def test_the_dead_are_named_and_the_live_ranks_behind_with_them_are_held_back():
     """A node lost with a collective in flight: ranks 2-3 do not answer, rank 1 (alive) is behind with them."""
     records = {r: Record(r, seq=9, state="entered") for r in (0, 4, 5, 6)}
     records.update({r: Record(r, seq=8, state="entered") for r in (1, 2, 3)})
-    v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0)
-    assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "stopped", "3": "stopped"}
+    v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0,
+                   processes={2: "gone", 3: "gone"})
+    assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "gone", "3": "gone"}
     assert v["abort_after_seconds"] == 0 and "rank(s) 1 answered but wait on them" in v["line"]
+    # The same node on another host: silent, still named and the live rank held back, aborted after a minute.
+    v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0)
+    assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "silent", "3": "silent"}
+    assert v["abort_after_seconds"] == 60
 
 
 def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(store, monkeypatch, tmp_path):
@@ -286,7 +324,7 @@ def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(st
             wd.enter("all_reduce", 8)
         wd._publish()
     v = next(v for v in _run(reader, clock, 30) if v is not None)
-    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"stopped"}, v["line"]
+    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"gone"}, v["line"]
     assert v["abort_after_seconds"] == 0 and "rank(s) 2, 3 " in v["line"]
 
 
@@ -345,12 +383,13 @@ def test_a_node_lost_with_one_rank_inside_the_call_and_one_behind_it_is_blamed_w
         wd.enter("control all_reduce", 0)
         wd._publish()
     v = next(v for v in _run(reader, clock, 30) if v is not None)
-    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"stopped"}, v["line"]
+    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"gone"}, v["line"]
     assert v["waiting"] == [0, 1] and "rank(s) 2, 3 never reached it" in v["line"]
 
 
 def _two_nodes_then_node1_dies(store, monkeypatch, tmp_path):
-    """4 ranks (2 nodes x 2) step together 3 times; from then on only ranks 0 and 1 answer a probe."""
+    """4 ranks (2 nodes x 2) step together 3 times; from then on only ranks 0 and 1 answer a probe, and the
+    reader's process table (namespace nodes share one) no longer holds ranks 2 and 3."""
     monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     client = CountingStore(store.clone())
     ranks = []
@@ -363,7 +402,8 @@ def _two_nodes_then_node1_dies(store, monkeypatch, tmp_path):
     monkeypatch.setattr(watchdog, "look_at_main", lambda busy, wait: ASLEEP)
     monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: ASLEEP)
     clock = [time.time()]
-    reader = HangReader(ranks[0], 4, clock=lambda: clock[0], sleep=lambda s: ranks[1]._poll())
+    reader = HangReader(ranks[0], 4, clock=lambda: clock[0], sleep=lambda s: ranks[1]._poll(),
+                        processes=lambda places: {2: "gone", 3: "gone"})
     for _ in range(3):
         for wd in ranks:
             wd.done(wd.enter("all_reduce", 8))

@@ -14,7 +14,8 @@ from npudist.comm.state import state as comm_state
 from npudist.comm.watchdog import BadRecord, CollectiveHangError, Record, Watchdog, parse_record
 from npudist.comm.watched import watched
 
-GOOD = {"rank": 1, "seq": 3, "step": 2, "op": "all_reduce", "nbytes": 64, "state": "done", "wall_time": 1.0}
+GOOD = {"rank": 1, "seq": 3, "step": 2, "op": "all_reduce", "nbytes": 64, "state": "done", "wall_time": 1.0,
+        "group": "1", "gseq": 2, "groups": {"0": 1, "1": 2}}
 
 
 @pytest.mark.parametrize(("raw", "words"), [
@@ -22,7 +23,11 @@ GOOD = {"rank": 1, "seq": 3, "step": 2, "op": "all_reduce", "nbytes": 64, "state
     (json.dumps({**GOOD, "seq": True}), "seq"),
     (json.dumps({**GOOD, "wall_time": "yesterday"}), "wall_time"),
     (json.dumps({**GOOD, "op": 7, "nbytes": None}), "op, nbytes"),
-    ('{"rank": 1, "seq": 3, "step": 0, "op": "x", "nbytes": 1, "state": "done", "wall_time": NaN}', "wall_time"),
+    ('{"rank": 1, "seq": 3, "step": 0, "op": "x", "nbytes": 1, "state": "done", "wall_time": NaN, "group": "",'
+     ' "gseq": 0, "groups": {}}', "wall_time"),
+    (json.dumps({**GOOD, "groups": {"0": "1"}}), "groups must map"),
+    (json.dumps({**GOOD, "groups": {str(i): i for i in range(65)}}), "at most 64"),
+    (json.dumps({**GOOD, "groups": [1, 2]}), "groups"),
     (json.dumps({**GOOD, "extra": 1}), "expected an object"),
     (json.dumps([GOOD]), "expected an object"),
     ('{"seq": ' + "9" * 5000 + "}", "not JSON"),
@@ -41,7 +46,7 @@ def test_good_record():
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(GOOD)), st.none() | st.booleans() | st.integers() | st.floats()
-                       | st.text(max_size=4), max_size=7).map(json.dumps) | st.binary(max_size=40))
+                       | st.text(max_size=4), max_size=10).map(json.dumps) | st.binary(max_size=40))
 def test_parse_record_never_raises(raw):
     assert isinstance(parse_record(raw, 1), Record | BadRecord)
 

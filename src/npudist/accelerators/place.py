@@ -29,6 +29,8 @@ class Place:
     accelerator: str | None = None
     card: int | None = None
     chip: int | None = None
+    process_table: str | None = None
+    """Where ``pid`` means something: the kernel's boot id and the pid namespace (comm/process_table.py)."""
 
     def fields(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +55,8 @@ def from_doc(doc: Mapping[str, Any], base: Place | None = None) -> Place:
     return Place(host=_text(doc.get("host"), 255) or base.host, pid=_int(doc.get("pid")) or base.pid,
                  local_rank=local if local is not None else base.local_rank,
                  accelerator=_text(doc.get("accelerator"), 32) or base.accelerator,
-                 card=card if card is not None else base.card, chip=chip if chip is not None else base.chip)
+                 card=card if card is not None else base.card, chip=chip if chip is not None else base.chip,
+                 process_table=_text(doc.get("process_table"), 100) or base.process_table)
 
 
 def where(rank: int | None, place: Place) -> str:
@@ -79,11 +82,15 @@ def device_command(place: Place) -> str | None:
     return vendor.health_command.format(card=place.card, chip=place.chip if place.chip is not None else 0)
 
 
-def next_commands(kind: str, place: Place, cause: str | None = None) -> tuple[str, ...]:
-    """What to run next on the rank's host: its stack for a hang, its card's vitals for a slow compute."""
+def next_commands(kind: str, place: Place, cause: str | None = None, state: str | None = None) -> tuple[str, ...]:
+    """What to run next on the rank's host: its stack for a hang, its card's vitals for a slow compute. A
+    hung rank's ``state`` (comm/rank_states.py) picks the command: a stopped process has no stack to dump,
+    a gone one no pid to look at."""
     on = f" (on {place.host})" if place.host else ""
     out = []
-    if place.pid and (kind == "hang" or cause != "compute"):
+    if kind == "hang" and state == "stopped" and place.pid:
+        out.append(f"grep State /proc/{place.pid}/status; kill -CONT {place.pid} resumes it" + on)
+    elif place.pid and state != "gone" and (kind == "hang" or cause != "compute"):
         out.append(STACK_COMMAND.format(pid=place.pid) + on)
     device = device_command(place)
     if device and kind in ("straggler", "hang"):

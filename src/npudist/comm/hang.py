@@ -24,7 +24,7 @@ from typing import Any
 
 from npudist.accelerators.place import Place, iso, next_commands
 from npudist.comm import rank_states
-from npudist.comm.progress_store import BadRecord, Record, Records
+from npudist.comm.progress_store import BadRecord, GroupInfo, Record, Records, position
 from npudist.comm.rank_states import Look
 from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 
@@ -105,41 +105,99 @@ class Suspects:
     all_reached (every rank inside the same call: the ones that do not answer are named)."""
     ranks: list[int]
     top: int
-    """The collective number most ranks sit at: the call the job waits in."""
+    """The collective number most ranks sit at: the call the job waits in (its number on ``group``)."""
     waiting: list[int]
     """Ranks inside the top collective: the ones held back."""
+    group: str = ""
+    """The process group of that call ("" when calls are numbered without groups)."""
 
 
 def _majority(groups: dict[tuple[str, int], list[int]]) -> tuple[str, int]:
     return max(groups, key=lambda g: (len(groups[g]), -min(groups[g])))
 
 
-def suspects(records: Records) -> Suspects:
-    """The ranks to probe and blame (pure; O(N)).
+def _inside(rec: Record, group: str) -> bool:
+    """The rank waits inside a collective of ``group``."""
+    return rec.state == "entered" and rec.group == group
 
-    The collective the job waits in is the one most ranks sit at (ties: the highest number, since a
-    stalled rank is usually the odd one below). Ranks below it are behind; ranks above it ran past a call
-    the others are still in (they skipped one); unreported ranks are behind.
-    """
+
+def _in_group(records: Records, group: str, members: tuple[int, ...] | None) -> Suspects:
+    """Suspects within one group: positions on ``group`` compared among its members only (pure)."""
     good = {r: rec for r, rec in records.items() if isinstance(rec, Record)}
-    unknown = sorted(r for r in records if r not in good)
-    counts = collections.Counter(rec.seq for rec in good.values())
-    top = max(counts, key=lambda seq: (counts[seq], seq)) if counts else 0
-    behind = sorted(r for r, rec in good.items() if rec.seq < top)
-    ahead = sorted(r for r, rec in good.items() if rec.seq > top)
-    waiting = sorted(r for r, rec in good.items() if rec.seq == top and rec.state == "entered")
+    if members is not None:
+        scope = [r for r in members if r in records]
+    elif group:  # members not published: the ranks whose records show they use the group
+        scope = sorted(r for r, rec in good.items() if group in rec.groups or rec.group == group)
+    else:
+        scope = sorted(records)
+    unknown = sorted(r for r in scope if r not in good)
+    pos = {r: position(good[r], group) for r in scope if r in good}
+    lowest = min(pos.values(), default=0)
+    last = [r for r, p in pos.items() if p == lowest]
+    if not unknown and len(set(pos.values())) > 1 and not any(_inside(good[r], group) for r in last):
+        # The lowest ranks finished their last call and never entered the next one: everyone above waits on
+        # them, directly or through a call that cannot finish without them (a broadcast's root stays inside
+        # it while the receivers that got their data go on), so the first call they never reached is the
+        # one the job waits in, however the others are spread above it.
+        top = lowest + 1
+        waiting = sorted(r for r, p in pos.items() if p >= top and _inside(good[r], group))
+        return Suspects("behind", sorted(last), top, waiting, group)
+    counts = collections.Counter(pos.values())
+    top = max(counts, key=lambda p: (counts[p], p)) if counts else 0
+    behind = sorted(r for r, p in pos.items() if p < top)
+    ahead = sorted(r for r, p in pos.items() if p > top)
+    waiting = sorted(r for r, p in pos.items() if p == top and _inside(good[r], group))
     if behind or unknown:
-        return Suspects("behind", sorted(behind + unknown), top, waiting)
+        return Suspects("behind", sorted(behind + unknown), top, waiting, group)
     if ahead:
-        return Suspects("ahead", ahead, top, waiting)
-    groups: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
-    for r, rec in good.items():
-        groups[(rec.op, rec.nbytes)].append(r)
-    if len(groups) > 1:
-        keep = _majority(groups)
-        odd = sorted(r for g, rs in groups.items() if g != keep for r in rs)
-        return Suspects("mismatch", odd, top, sorted(groups[keep]))
-    return Suspects("all_reached", sorted(good), top, waiting)
+        return Suspects("ahead", ahead, top, waiting, group)
+    calls: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    for r in pos:
+        if good[r].group == group:
+            calls[(good[r].op, good[r].nbytes)].append(r)
+    if len(calls) > 1:
+        keep = _majority(calls)
+        odd = sorted(r for g, rs in calls.items() if g != keep for r in rs)
+        return Suspects("mismatch", odd, top, sorted(calls[keep]), group)
+    return Suspects("all_reached", sorted(pos), top, waiting, group)
+
+
+def waiting_groups(records: Records) -> list[str]:
+    """The groups some rank waits inside, most waiting ranks first."""
+    inside = collections.Counter(rec.group for rec in records.values()
+                                 if isinstance(rec, Record) and rec.state == "entered")
+    return sorted(inside, key=lambda g: (-inside[g], g))
+
+
+def suspects(records: Records, members: Mapping[str, tuple[int, ...]] | None = None) -> Suspects:
+    """The ranks to probe and blame (pure; O(N) per group some rank waits in).
+
+    Positions are compared per process group (``Record.groups``): a subgroup's calls move only its members,
+    so a rank that waits on the default group while others run a subgroup call is never out of order. In
+    each group some rank waits inside, the call the group waits in is the one most of its members sit at
+    (ties: the highest number, since a stalled rank is usually the odd one below); members below it are
+    behind, members above it ran past a call the others are still in (they skipped one); members that
+    never reported are behind. ``members``: a group's ranks as published (progress_store.read_group); else
+    the ranks whose records use the group. Of several waiting groups (a chain: HSDP's shard group waits on a
+    rank that itself waits in its replicate group), the one whose suspects do not themselves wait in
+    another group's call is chosen: that is where the chain ends.
+    """
+    members = members or {}
+    groups = waiting_groups(records)
+    if not groups:
+        common = collections.Counter(rec.group for rec in records.values() if isinstance(rec, Record))
+        groups = [max(common, key=lambda g: (common[g], g))] if common else [""]
+    found = {g: _in_group(records, g, members.get(g)) for g in groups}
+
+    def waits_elsewhere(r: int, g: str) -> bool:
+        rec = records.get(r)
+        other = rec.group if isinstance(rec, Record) and rec.state == "entered" else None
+        return other is not None and other != g and other in found and found[other].kind != "all_reached"
+
+    def ends_chain(g: str) -> bool:
+        return found[g].kind != "all_reached" and any(not waits_elsewhere(r, g) for r in found[g].ranks)
+
+    return found[min(groups, key=lambda g: (not ends_chain(g), groups.index(g)))]
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -154,7 +212,8 @@ def _last(rec: Record | BadRecord | None, now: float) -> str:
     if rec is None or rec.seq == 0:
         return "never reported a collective"
     where = {"entered": "inside", "closed": "shut npudist down after"}.get(rec.state, "after")
-    return f"{where} {rec.op} #{rec.seq} ({rec.nbytes} bytes, step {rec.step}, {now - rec.wall_time:.1f} s ago)"
+    call = f"{rec.op} #{rec.gseq} of group {rec.group}" if rec.group else f"{rec.op} #{rec.seq}"
+    return f"{where} {call} ({rec.nbytes} bytes, step {rec.step}, {now - rec.wall_time:.1f} s ago)"
 
 
 def _top_frame(stack: str) -> str:
@@ -165,13 +224,15 @@ def _top_frame(stack: str) -> str:
 def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: Mapping[int, Look | str], *,
           now: float, stalled_s: float, bound_s: float, cause: str = "",
           who: Mapping[int, Place] | None = None, processes: Mapping[int, str] | None = None,
-          stuck_s: float = DEFAULT_STUCK_S, busy_s: float | None = None, action: str = "abort") -> dict[str, Any]:
+          stuck_s: float = DEFAULT_STUCK_S, busy_s: float | None = None, action: str = "abort",
+          group: GroupInfo | None = None) -> dict[str, Any]:
     """The verdict: a JSON-ready report whose ``line`` is the one line rank 0 prints (pure).
 
     ``answered``: the suspects whose watchdog thread answered the probe (None: no probe was made);
     ``stacks``: their answers (rank_states.Look, or a bare stack); ``who``: where the ranks that said so
     run (host, pid, local rank, accelerator), which each culprit's entry and next commands carry;
-    ``processes``: what this host's process table says of a rank it holds. Each culprit gets a state
+    ``processes``: what this host's process table says of a rank it holds; ``group``: the members of the
+    group the job waits in, as published (None: not known). Each culprit gets a state
     (rank_states.py), and the verdict says after how long of stall the job is aborted
     (``abort_after_s``: 0 now, None never).
     """
@@ -189,10 +250,10 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         closed=isinstance(records.get(r), Record) and records[r].state == "closed",
         probed=answered is not None, look=looks.get(r) if answered is not None and r in answered else None,
         process=processes.get(r), inside_passed=isinstance(records.get(r), Record) and records[r].state == "entered"
-        and records[r].seq < found.top) for r in culprits}
+        and records[r].group == found.group and position(records[r], found.group) < found.top) for r in culprits}
     # Where some are certainly dead, the live ones behind with them are waiting on them (a node lost with a
     # collective in flight): the dead are named, the others listed as held back.
-    dead = [r for r in culprits if states[r] in (rank_states.GONE, rank_states.STOPPED)]
+    dead = [r for r in culprits if states[r] in (rank_states.GONE, rank_states.STOPPED, rank_states.SILENT)]
     held = [r for r in culprits if r not in dead] if dead else []
     if held:
         culprits = dead
@@ -202,6 +263,10 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
                                     stuck_s=stuck_s, busy_s=busy_s)
     top_rec = next((good[r] for r in found.waiting if r in good), None)
     in_call = f"{top_rec.op} #{found.top}" if top_rec else f"collective #{found.top}"
+    if group is not None:
+        in_call += f" on {group.label}"
+    elif found.group:
+        in_call += f" of group {found.group}"
     per_rank: dict[str, Any] = {}
     parts = []
     for r in culprits:
@@ -211,7 +276,7 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
                             "state": states[r], "stack": look.stack if look and look.stack else None,
                             "cpu_ratio": round(look.cpu_ratio, 3) if look else None,
                             "busy": look.busy if look and look.busy else None, **place.fields(),
-                            "next_commands": list(next_commands("hang", place))}
+                            "next_commands": list(next_commands("hang", place, state=states[r]))}
         if len(parts) < NAMED_IN_LINE:
             top = _top_frame(look.stack) if look else ""
             local = f", local rank {place.local_rank}" if place.local_rank is not None else ""
@@ -230,7 +295,8 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
             who_line += f"; next: {first[0]}"
     else:
         who_line = "every rank is alive inside it (a slow link, or a backend stuck below Python)"
-    busy_only = bool(states) and all(st in (rank_states.BUSY, rank_states.DECLARED) for st in states.values())
+    busy_only = bool(states) and all(st in (rank_states.BUSY, rank_states.DECLARED, rank_states.STARVED)
+                                     for st in states.values())
     line = (f"npudist {'busy' if busy_only else 'hang'}: no progress for {stalled_s:.1f} s (bound {bound_s:.1f} s); "
             f"ranks {_ranks(found.waiting) or 'none'} wait in {in_call}; {who_line}")
     if held:
@@ -238,10 +304,18 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     if cause:
         line += f". Collective error: {cause}"
     line += _next(after, action, states, busy_s)
-    not_reached = sorted(r for r in records if not isinstance(records[r], Record) or records[r].seq < found.top)
+    if group is not None:
+        scope = [r for r in group.ranks if r in records]
+    elif found.group:
+        scope = sorted(r for r, rec in good.items() if found.group in rec.groups or rec.group == found.group)
+    else:
+        scope = sorted(records)
+    not_reached = sorted(r for r in scope if not isinstance(records[r], Record)
+                         or position(records[r], found.group) < found.top)
     return {"line": line, "kind": found.kind, "op": top_rec.op if top_rec else None, "seq": found.top,
+            "group": found.group or None, "group_desc": group.desc if group is not None else None,
             "waiting": found.waiting, "culprits": culprits, "not_reached": not_reached,
-            "reached": sorted(r for r in records if r not in not_reached), "culprit_ranks": per_rank,
+            "reached": sorted(r for r in scope if r not in not_reached), "culprit_ranks": per_rank,
             "states": {str(r): st for r, st in states.items()}, "abort_after_seconds": after, "held_back": held,
             "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "iso_time": iso(now),
             "cause": cause or None,
@@ -259,8 +333,12 @@ def _next(after: float | None, action: str, states: Mapping[int, str], busy_s: f
         hint = "" if declared else '; mark such phases with `with npudist.busy("evaluation"):`'
         return (". Not a hang: npudist does not abort a busy rank (the collective timeout still applies; "
                 f"NPUDIST_BUSY_TIMEOUT sets a bound){hint}")
-    which = "NPUDIST_BUSY_TIMEOUT" if after == busy_s and rank_states.STUCK not in states.values() else \
-        "NPUDIST_STUCK_TIMEOUT"
+    if rank_states.SILENT in states.values() and after == rank_states.SILENT_ABORT_S:
+        which = "a silent rank whose process cannot be looked at from here"
+    elif after == busy_s and rank_states.STUCK not in states.values():
+        which = "NPUDIST_BUSY_TIMEOUT"
+    else:
+        which = "NPUDIST_STUCK_TIMEOUT"
     return f". The job is aborted if it makes no progress for {after:.0f} s in all ({which})"
 
 

@@ -31,18 +31,21 @@ the same on the summaries.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-import socket
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npudist.comm import hang, main_thread, progress_store, rank_states, watchdog
+from npudist.accelerators.place import Place
+from npudist.comm import hang, main_thread, process_table, progress_store, rank_states, watchdog
 from npudist.comm.progress_store import Records, parse_record
 from npudist.comm.rank_states import Look
 from npudist.runtime import compat
@@ -62,6 +65,8 @@ HEARTBEAT_STALE_S = 3 * HEARTBEAT_EVERY_S
 REPROBE_S = 10.0
 """While a stall lasts without an abort, the suspects are looked at again this often (a busy rank may
 stop, a stuck one may die)."""
+GROUPS_READ = 8
+"""Groups whose members a verdict reads: the groups ranks wait in (a 5-D parallel job has at most five)."""
 AHEAD_LOOKED_AT = 16
 """At most this many of the ranks ahead are looked at before live ranks inside a passed call are blamed:
 every rank reads the probe's list, so a probe of K ranks costs the job N x K bytes (O(1) per rank here)."""
@@ -71,7 +76,8 @@ class HangReader:
     """Rank 0's reader, or (``standby``) rank 1's stand-in for it (see the module docstring)."""
 
     def __init__(self, wd: Watchdog, world: int, clock: Any = time.time, sleep: Any = time.sleep,
-                 standby: bool = False) -> None:
+                 standby: bool = False, processes: Callable[[Mapping[int, Place]], dict[int, str]] | None = None,
+                 ) -> None:
         self.wd, self.world, self.clock, self.sleep, self.standby = wd, world, clock, sleep, standby
         self._beat_at = -float("inf")
         self.tracker = hang.ProgressTracker(override_s=wd.hang_timeout_s)
@@ -84,7 +90,13 @@ class HangReader:
         self.stalled_s = 0.0
         """Seconds without progress at the last tick (0 while progressing)."""
         self._created = False
+        self._stopped: list[int] = []
+        """Pids of the current verdict's stopped ranks, seen stopped in this process table."""
         self._lock = threading.Lock()
+        here = process_table.identity()
+        self.processes = processes or (lambda places: process_table.local_processes(places, here))
+        """What the process table says of the suspects (rank -> gone, stopped, alive), for the ranks whose pid
+        means something here (process_table.py); tests inject it."""
 
     def read(self) -> Records:
         store = self.wd._connect()
@@ -207,15 +219,16 @@ class HangReader:
         alive: a rank that dies just after its record moved on (a lost node) leaves the live ones inside the
         call it never finished. The ranks ahead are then looked at too, and the silent ones are the culprits."""
         inside = [r for r in found.ranks if r in answered and isinstance(records.get(r), watchdog.Record)
-                  and records[r].state == "entered" and records[r].seq < found.top]
+                  and records[r].state == "entered" and records[r].group == found.group
+                  and progress_store.position(records[r], found.group) < found.top]
         if found.kind != "behind" or not inside or set(found.ranks) - answered or not found.waiting:
             return found, answered, looks
         ahead = found.waiting[:AHEAD_LOOKED_AT]
         more, more_looks = self._probe(ahead)
         if not set(ahead) - more:
             return found, answered, looks
-        top = max(records[r].seq for r in inside)
-        return (hang.Suspects("all_reached", sorted({*found.ranks, *ahead}), top, sorted(inside)),
+        top = max(progress_store.position(records[r], found.group) for r in inside)
+        return (hang.Suspects("all_reached", sorted({*found.ranks, *ahead}), top, sorted(inside), found.group),
                 answered | more, {**looks, **more_looks})
 
     def _waiting_dead(self, records: Records, found: hang.Suspects, answered: set[int],
@@ -230,7 +243,8 @@ class HangReader:
         more, more_looks = self._probe(waiting)
         if not set(waiting) - more:
             return found, answered, looks
-        return (hang.Suspects("all_reached", sorted({*found.ranks, *waiting}), found.top, sorted(found.ranks)),
+        return (hang.Suspects("all_reached", sorted({*found.ranks, *waiting}), found.top, sorted(found.ranks),
+                              found.group),
                 answered | more, {**looks, **more_looks})
 
     def _node_mates(self, records: Records, found: hang.Suspects, answered: set[int],
@@ -255,10 +269,12 @@ class HangReader:
         if not gone:
             return found, answered, looks
         return (hang.Suspects("behind", sorted({*found.ranks, *gone}), found.top,
-                              [r for r in found.waiting if r not in gone]), answered | more, {**looks, **more_looks})
+                              [r for r in found.waiting if r not in gone], found.group),
+                answered | more, {**looks, **more_looks})
 
     def _judge(self, records: Records, stalled: float, cause: str, recheck: bool = False) -> None:
-        found = hang.suspects(records)
+        infos = self._groups(records)
+        found = hang.suspects(records, {g: info.ranks for g, info in infos.items()})
         answered, looks = self._probe(found.ranks)
         found, answered, looks = self._ahead_dead(records, found, answered, looks)
         found, answered, looks = self._waiting_dead(records, found, answered, looks)
@@ -271,11 +287,14 @@ class HangReader:
                 self.verdict, self._episode_since = None, None
                 return
         places = progress_store.read_places(self.wd._connect(), found.ranks)
-        who = {r: (p.host or "", p.pid or 0) for r, p in places.items()}
         verdict = hang.judge(records, found, answered, looks, now=self.clock(), stalled_s=stalled,
-                             bound_s=self.tracker.bound_s, cause=cause, who=places, processes=local_processes(who),
+                             bound_s=self.tracker.bound_s, cause=cause, who=places,
+                             processes=(processes := self.processes(places)),
                              stuck_s=self.wd.stuck_timeout_s, busy_s=self.wd.busy_timeout_s,
-                             action=self.wd.hang_action)
+                             action=self.wd.hang_action, group=infos.get(found.group))
+        self._stopped = [pid for r, st in verdict["states"].items()
+                         if st == rank_states.STOPPED and processes.get(int(r)) == rank_states.PROCESS_STOPPED
+                         and (pid := places.get(int(r), Place()).pid)]
         first = self.verdict is None
         if not first and verdict["states"] == self.verdict["states"] and not cause:
             self.verdict["stalled_seconds"] = stalled  # same states: nothing new to say
@@ -293,6 +312,17 @@ class HangReader:
         self._episode_since = self.tracker._since
         if verdict["abort_after_seconds"] == 0:  # final: the failing ranks' errors and the standby read it
             self._publish(verdict)
+
+    def _groups(self, records: Records) -> dict[str, progress_store.GroupInfo]:
+        """The members of the groups some rank waits in, as published: one ``check`` and one ``get`` per group,
+        at most GROUPS_READ of them."""
+        store = self.wd._connect()
+        infos = {}
+        for name in hang.waiting_groups(records)[:GROUPS_READ]:
+            info = progress_store.read_group(store, name)
+            if info is not None:
+                infos[name] = info
+        return infos
 
     def _publish(self, verdict: dict[str, Any] | None) -> None:
         """The verdict, for the ranks whose collective fails or who are ordered to exit."""
@@ -315,6 +345,12 @@ class HangReader:
         return str(path)
 
     def _order_abort(self) -> None:
+        # A stopped rank in this process table can never exit on the order; ended here, torchrun sees it go
+        # at once instead of waiting out its SIGTERM grace period on a process that cannot run its handler.
+        for pid in self._stopped:
+            if pid != os.getpid() and process_table.status_of(pid) == rank_states.PROCESS_STOPPED:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         self._publish(self.verdict)
         try:
             self.wd._connect().add(progress_store.ctl_key(), watchdog.ABORT_STEP)
@@ -322,28 +358,6 @@ class HangReader:
             me = self.wd.record.rank if self.wd.record is not None else 0
             stand_in = " (standing in for rank 0's silent reader)" if self.standby else ""
             self.wd._abort(f"rank {me}{stand_in}: aborting the hung job (NPUDIST_HANG_ACTION=abort)", self.verdict)
-
-
-def local_processes(who: dict[int, tuple[str, int]]) -> dict[int, str]:
-    """"gone" or "stopped" for ranks that run on this host, from its process table; nothing for the rest."""
-    import psutil
-
-    here, out = socket.gethostname(), {}
-    for r, (host, pid) in who.items():
-        if host != here:
-            continue
-        try:
-            status = psutil.Process(pid).status()
-        except psutil.NoSuchProcess:
-            out[r] = "gone"
-            continue
-        except psutil.Error:
-            continue
-        if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-            out[r] = "stopped"
-        elif status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-            out[r] = "gone"
-    return out
 
 
 def heartbeat_key() -> str:

@@ -25,7 +25,16 @@ running: a Python loop is on a CPU or in the run queue all the time however load
 schedstat's run delay counts the wait), a thread asleep or blocked in a system call gets ~0."""
 
 GONE, STOPPED, OUT_OF_ORDER, STUCK, BUSY, DECLARED = "gone", "stopped", "out_of_order", "stuck", "busy", "declared"
+STARVED, SILENT = "starved", "silent"
 UNPROBED = "unprobed"
+SILENT_ABORT_S = 60.0
+"""Stall after which a rank that does not answer, and whose process cannot be looked at from the reader's
+process table (another host, another container), is aborted: silence alone is not proof of death (a call
+that holds the GIL starves the watchdog thread too), so it gets longer than the stall bound, and a
+stopped rank elsewhere still ends in a minute instead of the collective timeout."""
+
+# What a process table says of a rank's process (process_table.py): only these count as evidence.
+PROCESS_GONE, PROCESS_STOPPED, PROCESS_ALIVE = "gone", "stopped", "alive"
 
 
 @dataclass(frozen=True)
@@ -38,14 +47,22 @@ class State:
     bound: str
     """After how long, counted from the job's last progress."""
     abort: str
-    """now, stuck (NPUDIST_STUCK_TIMEOUT) or busy (NPUDIST_BUSY_TIMEOUT, unset by default: never)."""
+    """now, silent (SILENT_ABORT_S), stuck (NPUDIST_STUCK_TIMEOUT) or busy (NPUDIST_BUSY_TIMEOUT, unset by
+    default: never)."""
 
 
 STATES = MappingProxyType({s.name: s for s in (
     State(GONE, "its watchdog shut down (npudist.shutdown() ran), or its process no longer exists",
           "named; the job is aborted", "the verdict: the stall bound (>= 10 s) plus the probe (~3 s)", "now"),
-    State(STOPPED, "its watchdog thread does not answer the probe (SIGSTOP, a dead host, a process frozen in "
-          "the kernel)", "named, no stack; the job is aborted", "the verdict (~15 s)", "now"),
+    State(STOPPED, "its watchdog thread does not answer the probe and its process is stopped (state T: "
+          "SIGSTOP, a debugger), seen in the process table it shares with the reader", "named, no stack; the job "
+          "is aborted", "the verdict (~15 s)", "now"),
+    State(SILENT, "its watchdog thread does not answer the probe and its process is in no process table the "
+          "reader can see (another host or container): stopped, dead, or starved by a call holding the GIL",
+          "named at once, no stack; aborted if still no progress", "60 s without progress", "silent"),
+    State(STARVED, "its watchdog thread does not answer the probe, but its process is running or sleeping: a "
+          "long call that holds the GIL (a large pickle.load, a C extension) starves the thread",
+          "reported; looked at again every 10 s; never aborted by npudist", "as busy", "busy"),
     State(OUT_OF_ORDER, "it is inside another collective than the one the others wait in (a skipped call, "
           "another op or size), or waits inside one the others have left", "named; the job is aborted",
           "the verdict (~15 s)", "now"),
@@ -123,19 +140,20 @@ def classify(*, out_of_order: bool, closed: bool, probed: bool, look: Look | Non
              process: str | None = None, inside_passed: bool = False) -> str:
     """The state of one rank the others wait for (see STATES).
 
-    ``process``: what the local process table says of it when it runs on this host ("gone", "stopped" or
-    None when unknown or elsewhere). ``inside_passed``: its record says it is inside a collective that the
+    ``process``: what the reader's process table says of it when the rank's pid means something there (the
+    same kernel and pid namespace: process_table.py): "gone", "stopped", "alive", or None when unknown.
+    ``inside_passed``: its record says it is inside a collective that the
     others have left; waiting there (not running) it can never return, since they will not come back.
     An asynchronous call stays "inside" until its wait, so a rank that runs there is busy, not out of order.
     """
     if out_of_order:
         return OUT_OF_ORDER
-    if closed or process == "gone":
+    if closed or process == PROCESS_GONE:
         return GONE
     if not probed:
         return UNPROBED
     if look is None:
-        return STOPPED
+        return {PROCESS_STOPPED: STOPPED, PROCESS_ALIVE: STARVED}.get(process or "", SILENT)
     if look.busy:
         return DECLARED
     if look.moved or look.run_ratio >= BUSY_CPU_RATIO:
@@ -146,9 +164,14 @@ def classify(*, out_of_order: bool, closed: bool, probed: bool, look: Look | Non
 def describe(state: str, look: Look | None, process: str | None = None) -> str:
     """The state's words in a verdict line; the phrases before the colon are stable (tests, log searches)."""
     if state == STOPPED:
-        where = " (process state: stopped)" if process == "stopped" else ""
-        return ("did not answer: stopped or dead, no stack (its record lags its last call by up to a second)"
-                + where)
+        return ("did not answer: stopped (process state: stopped), no stack (its record lags its last call by up "
+                "to a second)")
+    if state == SILENT:
+        return ("did not answer: stopped, dead or starved, no stack; its process is not in this host's process "
+                "table, so it is not looked at")
+    if state == STARVED:
+        return ("did not answer, but its process runs: its watchdog thread is starved (a long call that holds "
+                "the GIL?)")
     if state == GONE:
         return "gone: its process exited or shut npudist down" if process == "gone" else "no watchdog left to answer"
     if state == UNPROBED or look is None:
@@ -168,11 +191,12 @@ def describe(state: str, look: Look | None, process: str | None = None) -> str:
     return state
 
 
-def abort_after(states: list[str], *, stuck_s: float, busy_s: float | None) -> float | None:
+def abort_after(states: list[str], *, stuck_s: float, busy_s: float | None,
+                silent_s: float = SILENT_ABORT_S) -> float | None:
     """Seconds of stall after which the job is aborted given its culprits' states (0: now; None: never)."""
     kinds = {STATES[s].abort for s in states if s in STATES}
     if "now" in kinds:
         return 0.0
-    if "stuck" in kinds:
-        return stuck_s
+    if "silent" in kinds or "stuck" in kinds:
+        return min(silent_s if "silent" in kinds else stuck_s, stuck_s if "stuck" in kinds else silent_s)
     return busy_s if "busy" in kinds else None

@@ -39,7 +39,7 @@ class CommState:
         self.watchdog = Watchdog(run_dir=settings.run_dir, enabled=settings.watchdog,
                                  hang_timeout_s=settings.hang_timeout_s, hang_action=settings.hang_action,
                                  reader_factory=HangReader, stuck_timeout_s=settings.stuck_timeout_s,
-                                 busy_timeout_s=settings.busy_timeout_s)
+                                 busy_timeout_s=settings.busy_timeout_s, watch_mode=settings.pg_watch)
         self.pool = BufferPool()
         self.layouts = LayoutCache()
         self.side_group: object | None = None
@@ -149,7 +149,10 @@ def where(ranks: list[int]) -> dict[int, Place]:
 def progress() -> dict[str, object] | None:
     """This rank's hang-watchdog record (collective number, op, bytes, state, step), or None before the
     first collective: what rank 0's hang verdict will say about this rank."""
-    rec = state().watchdog.record
+    wd = state().watchdog
+    if wd.native:
+        wd.refresh()
+    rec = wd.record
     return dict(vars(rec)) if rec is not None else None
 
 

@@ -43,9 +43,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from npudist.comm import pg_watch
 from npudist.comm.abort_note import restart_note, write_error_file
 from npudist.comm.main_thread import look_at_main
 from npudist.comm.progress_store import (
+    GROUPS_AT_MOST,
     BadRecord,
     Record,
     Records,
@@ -54,7 +56,11 @@ from npudist.comm.progress_store import (
     _where_i_run,
     answers_key,
     ctl_key,
+    encode_ranks,
+    group_key,
     parse_record,
+    position,
+    read_group,
     read_who,
     shared_store,
     stack_key,
@@ -66,6 +72,8 @@ from npudist.runtime import compat
 from npudist.runtime.report_file import write_report
 
 log = logging.getLogger("npudist.comm")
+DIST_STORE_ERRORS = (RuntimeError, OSError, TimeoutError)
+"""What a TCPStore call raises when the store is out of reach (torch's DistStoreError is a RuntimeError)."""
 PUBLISH_INTERVAL_S = 1.0
 """The watchdog thread's period: one record publish and one control poll per period at most."""
 STORE_RTT_SAMPLES = 8
@@ -95,10 +103,17 @@ class CollectiveHangError(RuntimeError):
         self.report = report
 
 
-def reached(records: Records, seq: int) -> tuple[list[int], list[int]]:
-    """Ranks whose record shows they entered collective ``seq`` (or a later one), and the rest."""
-    got = sorted(r for r, rec in records.items() if isinstance(rec, Record) and rec.seq >= seq)
-    return got, sorted(r for r in records if r not in got)
+NATIVE = -1
+"""What enter() returns while the process-group watch (pg_watch.py) numbers every call: nothing to mark."""
+
+
+def reached(records: Records, seq: int, group: str = "",
+            members: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
+    """Ranks whose record shows they entered collective ``seq`` of ``group`` (or a later one), and the rest of
+    the group's members (every rank when the members are not known)."""
+    ranks = [r for r in records if members is None or r in members]
+    got = sorted(r for r in ranks if isinstance(records[r], Record) and position(records[r], group) >= seq)
+    return got, sorted(r for r in ranks if r not in got)
 
 
 def _last_seen(r: int, rec: Record | BadRecord | None, now: float) -> str:
@@ -106,23 +121,28 @@ def _last_seen(r: int, rec: Record | BadRecord | None, now: float) -> str:
         return f"rank {r}: bad record in the store ({rec.reason})"
     if rec is None or rec.seq == 0:
         return f"rank {r}: never reported"
-    return f"rank {r}: last {rec.op} #{rec.seq} ({rec.state}, {now - rec.wall_time:.1f} s ago)"
+    on = f" of group {rec.group}" if rec.group else ""
+    number = rec.gseq if rec.group else rec.seq
+    return f"rank {r}: last {rec.op} #{number}{on} ({rec.state}, {now - rec.wall_time:.1f} s ago)"
 
 
-def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause: str) -> str:
-    ok, missing = reached(records, seq)
+def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause: str, group: str = "",
+             members: tuple[int, ...] | None = None) -> str:
+    ok, missing = reached(records, seq, group, members)
     now = time.time()
     last = [_last_seen(r, records.get(r), now) for r in missing]
     who = (f"rank(s) {', '.join(map(str, missing))} never reached it ({'; '.join(last)})" if missing
            else "every rank reached it (a slow link or a peer that died inside it)")
-    return (f"{op} #{seq} ({nbytes} bytes) failed on rank {rank}: {cause}. Ranks {', '.join(map(str, ok))} "
+    on = f" of group {group}" if group else ""
+    return (f"{op} #{seq}{on} ({nbytes} bytes) failed on rank {rank}: {cause}. Ranks {', '.join(map(str, ok))} "
             f"reached it; {who}. Check the missing ranks' logs, hosts and devices first.")
 
 
 class Watchdog:
     def __init__(self, run_dir: str | None = None, enabled: bool = True, hang_timeout_s: float | None = None,
                  hang_action: str = "abort", reader_factory: Callable[..., Any] | None = None,
-                 stuck_timeout_s: float = 300.0, busy_timeout_s: float | None = None) -> None:
+                 stuck_timeout_s: float = 300.0, busy_timeout_s: float | None = None,
+                 watch_mode: str = "native") -> None:
         self.enabled = enabled
         """False (NPUDIST_WATCHDOG_OFF): calls are neither numbered nor published."""
         self.record: Record | None = None
@@ -153,6 +173,14 @@ class Watchdog:
         self._failing_since: float | None = None
         self._failing_seq: int | None = None
         self._rtts: deque[float] = deque(maxlen=STORE_RTT_SAMPLES)
+        self.watch_mode = watch_mode
+        """native or off (NPUDIST_PG_WATCH)."""
+        self.native = False
+        """True while the process-group watch numbers every collective (enter/done then do nothing)."""
+        self._native_seen: tuple[Any, ...] = ()
+        self._groups_sent: set[str] = set()
+        self._sync_lock = threading.Lock()
+        self._reader_faults = 0
         self.run_dir = run_dir
         """Where hang reports are written (None: nowhere)."""
 
@@ -166,6 +194,7 @@ class Watchdog:
                 self._off = True
                 return None
             self.record = Record(rank=dist.get_rank())
+            self.native = self.watch_mode == "native" and pg_watch.load()
             if self.hang_action != "off" and self.reader_factory is not None:
                 if self.record.rank == 0:
                     self.reader = self.reader_factory(self, dist.get_world_size())
@@ -202,6 +231,8 @@ class Watchdog:
             rec = self._ensure()
             if rec is None:
                 return 0
+        if self.native:
+            return NATIVE
         rec.seq += 1
         rec.op, rec.nbytes, rec.state, rec.wall_time = op, nbytes, "entered", time.time()
         if not self._dirty.is_set():
@@ -239,6 +270,31 @@ class Watchdog:
                                             wait_for_workers=False)
         return self._store
 
+    def refresh(self) -> None:
+        """Bring the record up to the process-group watch's counters now (the thread does it once a period)."""
+        with self._sync_lock:
+            self._sync_native()
+
+    def _sync_native(self) -> None:
+        """The record from the process-group watch's counters: the call the rank waits in (its oldest in
+        flight, else its last), its number on its group, and the rank's count on every group it used."""
+        rec = self.record
+        if rec is None or not self.native or rec.state == "closed":
+            return
+        snap = pg_watch.snapshot()
+        cur = snap.current()
+        state = "entered" if snap.waiting else ("done" if snap.total else "idle")
+        seen = (snap.total, state, cur, rec.step)
+        if seen == self._native_seen:
+            return
+        self._native_seen = seen
+        rec.seq, rec.state = snap.total, state
+        if cur is not None:
+            rec.op, rec.nbytes, rec.group, rec.gseq = cur.op, cur.nbytes, cur.name, cur.entered
+            rec.wall_time = cur.since
+        rec.groups = {g.name: g.entered for g in snap.groups[:GROUPS_AT_MOST]}
+        self._dirty.set()
+
     def _publish(self) -> None:
         rec = self.record
         store = self._connect()
@@ -247,6 +303,11 @@ class Watchdog:
         if not self._who_sent:
             store.set(who_key(rec.rank), json.dumps(_where_i_run()))
             self._who_sent = True
+        for name in [g for g in rec.groups if g not in self._groups_sent]:
+            self._groups_sent.add(name)
+            doc = _members(name)
+            if doc is not None:  # one compare_set per group a rank uses: the first member's copy stays
+                store.compare_set(group_key(name), "", json.dumps(doc))
         store.set(_key(rec.rank), json.dumps(asdict(rec)))
 
     def _poll(self) -> None:
@@ -305,6 +366,8 @@ class Watchdog:
                 return
             now = time.monotonic()
             try:
+                if self.native:
+                    self.refresh()
                 if self._dirty.is_set() and now >= last_publish + PUBLISH_INTERVAL_S:
                     self._dirty.clear()
                     last_publish = now
@@ -312,10 +375,7 @@ class Watchdog:
                 if now >= next_poll:
                     next_poll = now + PUBLISH_INTERVAL_S
                     self._poll()
-                    if self.reader is not None:
-                        self.reader.tick()
-                    if self.standby is not None:
-                        self.standby.tick()
+                    self._tick_readers()
                 self._failing_since = None
             except Exception as exc:  # the watchdog must never take the job down
                 (log.debug if self._failures else log.warning)(
@@ -323,6 +383,22 @@ class Watchdog:
                     type(exc).__name__, exc)
                 self._failures += 1
                 self._cut_off(now, exc)
+
+    def _tick_readers(self) -> None:
+        """The reader's period, after a poll that reached the store: a fault in the reader itself is logged and
+        never taken for a lost store (which would make this rank exit as cut off from a job it is part of)."""
+        for reader in (self.reader, self.standby):
+            if reader is None:
+                continue
+            try:
+                reader.tick()
+            except Exception as exc:
+                if isinstance(exc, DIST_STORE_ERRORS):
+                    raise
+                self._reader_faults += 1
+                (log.warning if self._reader_faults == 1 else log.debug)(
+                    "npudist hang reader: %s: %s (diagnosis continues without this period's verdict)",
+                    type(exc).__name__, exc, exc_info=self._reader_faults == 1)
 
     def _cut_off(self, now: float, exc: Exception) -> None:
         """Exit when this rank has been cut off from its job for CUT_OFF_S inside a collective."""
@@ -360,6 +436,10 @@ class Watchdog:
         self.reader = None
         self.standby = None
         self._who_sent = False
+        if self.native:  # the next process group of this process counts from zero
+            pg_watch.reset()
+        self.native, self._native_seen = False, ()
+        self._groups_sent.clear()
         self._stop.set()
         self._dirty.set()
         if thread is not None and thread is not threading.current_thread():
@@ -409,6 +489,8 @@ class Watchdog:
             return None
         cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         try:
+            if seq == NATIVE:
+                self.refresh()
             self._publish()  # others must see that this rank reached it, even if the thread is asleep
             verdict = None
             if self.reader is not None:
@@ -431,10 +513,16 @@ class Watchdog:
 
     def _report(self, op: str, seq: int, nbytes: int, rec: Record, records: Records, cause: str,
                 verdict: dict[str, Any] | None) -> CollectiveHangError:
-        message = describe(op, seq, nbytes, rec.rank, records, cause)
-        ok, missing = reached(records, seq)
+        group, members = "", None
+        if seq == NATIVE:  # the watch numbered it: the failing call is the one the record says it waits in
+            group, seq = rec.group, rec.gseq
+            info = read_group(self._connect(), group)
+            members = info.ranks if info is not None else None
+        message = describe(op, seq, nbytes, rec.rank, records, cause, group, members)
+        ok, missing = reached(records, seq, group, members)
         who = read_who(self._connect(), missing)
-        report = {"op": op, "seq": seq, "bytes": nbytes, "rank": rec.rank, "cause": cause, "reached": ok,
+        report = {"op": op, "seq": seq, "group": group, "bytes": nbytes, "rank": rec.rank, "cause": cause,
+                  "reached": ok,
                   "not_reached": missing, "ranks": {str(r): _as_json(v) for r, v in records.items()},
                   "where": {str(r): {"host": h, "pid": p} for r, (h, p) in who.items()}, "time": time.time()}
         if who:
@@ -449,6 +537,20 @@ class Watchdog:
             except OSError as write_exc:
                 message += f" (could not write the report: {write_exc})"
         return CollectiveHangError(message, report)
+
+
+def _members(name: str) -> dict[str, Any] | None:
+    """What a member publishes of group ``name``: its global ranks (compact when evenly spaced) and torch's
+    description (DeviceMesh dimensions are ``mesh_<dim>``); None when this process does not hold it."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    for pg, pg_name in list(getattr(world, "pg_names", {}).items()):
+        desc = str(getattr(pg, "group_desc", "") or "")
+        if pg_name == name or (name.startswith("desc:") and desc == name[5:]):
+            try:
+                return {**encode_ranks(dist.get_process_group_ranks(pg)), "desc": desc}
+            except (RuntimeError, ValueError):
+                return None
+    return None
 
 
 def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:

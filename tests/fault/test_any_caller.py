@@ -1,0 +1,86 @@
+"""Hangs in collectives that npudist did not issue: FSDP2, tensor parallel, HSDP and raw torch.distributed.
+
+tests/fault/any_caller.py is each public script's loop with one ``npudist.init()``; under ``npudist launch``
+the process-group watch (comm/pg_watch.py) counts their collectives per group. A rank SIGSTOPped mid-training
+must be named (its state, the group the others wait in) within 30 s of the stop and the job must end long
+before the collective timeout; a healthy job whose rank holds the GIL in a long call, or whose ranks run
+subgroup collectives not every rank takes part in, must run to the end. Wall-clock bounds have a wide margin
+for a loaded host, never ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, child_env, run_npudist
+
+pytestmark = pytest.mark.slow
+LIMIT_S = 200
+NAMED_WITHIN_S = 30
+SCRIPT = str(REPO / "tests" / "fault" / "any_caller.py")
+
+
+def _launch(tmp_path, nproc: int, args: list[str], env: dict[str, str] | None = None):
+    start = time.monotonic()
+    proc = run_npudist(["launch", "--nproc-per-node", str(nproc), SCRIPT, *args],
+                       env=child_env({"NPUDIST_RUN_DIR": str(tmp_path), **(env or {})}), timeout=LIMIT_S)
+    elapsed = time.monotonic() - start
+    time.sleep(1)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if SCRIPT in " ".join(p.info["cmdline"] or [])]
+    return proc, proc.stdout + proc.stderr, elapsed, left
+
+
+@pytest.mark.parametrize(("kind", "nproc", "group"), [
+    ("raw", 2, "default_pg"),
+    ("fsdp2", 2, "default_pg"),  # a 1-D mesh over every rank is the default group
+    ("tp", 2, "default_pg"),
+    ("hsdp", 4, "mesh dimension"),  # FSDP2 over replicate x shard: the others wait on a mesh dimension
+])
+def test_a_stopped_rank_is_named_whoever_issues_the_collectives(tmp_path, kind, nproc, group):
+    proc, text, elapsed, left = _launch(tmp_path, nproc, [kind, "--steps", "5000", "--fault", "stop",
+                                                          "--fault-rank", "1", "--fault-step", "15"])
+    reports = list(tmp_path.glob("hang-attempt*.json"))
+    assert reports, text[-4000:]
+    verdict = json.loads(reports[0].read_text())
+    fault = re.search(r"FAULT stop rank=1 step=15 time=([\d.]+)", text)
+    assert fault, text[-4000:]
+    assert verdict["first_time"] - float(fault.group(1)) < NAMED_WITHIN_S, verdict["line"]
+    assert verdict["culprits"] == [1] and verdict["states"] == {"1": "stopped"}, verdict["line"]
+    assert "did not answer: stopped (process state: stopped)" in verdict["line"]
+    assert verdict["group"] and group in verdict["line"], verdict["line"]  # the group the others wait in
+    assert proc.returncode != 0 and "npudist: rank 0: aborting the hung job" in text
+    assert elapsed < LIMIT_S and left == []
+
+
+def test_a_rank_holding_the_gil_is_starved_not_stopped_and_the_job_finishes(tmp_path):
+    """libc sleep through ctypes.PyDLL holds the GIL for 15 s: the watchdog thread cannot answer the probe, the
+    process sleeps (not stopped). With the bound at 4 s, the verdict comes while the GIL is held."""
+    proc, text, _elapsed, _left = _launch(tmp_path, 2, ["raw", "--steps", "60", "--fault", "gil", "--fault-rank",
+                                                        "1", "--fault-step", "20", "--fault-seconds", "15"],
+                                          env={"NPUDIST_HANG_TIMEOUT": "4"})
+    assert proc.returncode == 0, text[-4000:]
+    assert text.count("DONE step=60") == 2
+    lines = [ln for ln in text.splitlines() if ln.startswith(("npudist busy:", "npudist hang:"))]
+    assert lines and all(ln.startswith("npudist busy:") for ln in lines), lines
+    assert "its watchdog thread is starved" in lines[0] and "rank(s) 1 never reached it" in lines[0]
+    assert not list(tmp_path.glob("hang-attempt*.json"))  # not a hang
+
+
+def test_subgroup_collectives_between_default_group_calls_never_make_a_waiting_rank_out_of_order(tmp_path):
+    """Ranks 0 and 1 run two subgroup all-reduces per step that rank 2 is not in; at step 20 rank 0 computes for
+    15 s while rank 1 waits in the subgroup and rank 2 in the default group. Per-group numbers keep rank 2
+    (fewer calls in all) from looking behind and rank 1 (more) from looking ahead: rank 0 is named busy."""
+    proc, text, _elapsed, _left = _launch(tmp_path, 3, ["subgroups", "--steps", "40", "--fault", "busy",
+                                                        "--fault-rank", "0", "--fault-step", "20",
+                                                        "--fault-seconds", "15"], env={"NPUDIST_HANG_TIMEOUT": "4"})
+    assert proc.returncode == 0, text[-4000:]
+    assert text.count("DONE step=40") == 3
+    lines = [ln for ln in text.splitlines() if ln.startswith(("npudist busy:", "npudist hang:"))]
+    assert lines and all(ln.startswith("npudist busy:") for ln in lines), lines
+    assert "rank(s) 0 never reached it" in lines[0] and "live and busy" in lines[0]
+    assert "out of order" not in text
