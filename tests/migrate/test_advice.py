@@ -23,8 +23,12 @@ PROBES: dict[str, list[tuple[str, str]]] = {
     "cuda-memory-api": [("assert torch.cuda.memory_allocated() == 0", "wrong"),
                         ("assert torch.cuda.max_memory_reserved() == 0", "wrong"),
                         ("assert torch.cuda.memory_stats() == {}", "wrong"), ("torch.cuda.empty_cache()", "wrong")],
-    "cuda-api": [("torch.cuda.reset_peak_memory_stats()", ""), ("torch.cuda.mem_get_info()", ""),
-                 ("torch.cuda.get_device_properties(0)", ""), ("torch.cuda.get_device_name(0)", "")],
+    "cuda-api": [("torch.cuda.reset_peak_memory_stats()", ""), ("torch.cuda.get_device_capability(0)", "")],
+    "cuda-device-query": [("torch.cuda.mem_get_info()", ""), ("torch.cuda.get_device_properties(0)", ""),
+                          ("torch.cuda.get_device_name(0)", "")],
+    # nanoGPT's line on a device named "npu:0": the CPU branch, silently (no autocast, pinning, fused AdamW)
+    "cuda-device-test": [("device = 'npu:0'\ndevice_type = 'cuda' if 'cuda' in device else 'cpu'\n"
+                          "assert device_type == 'cpu'", "wrong")],
     "cuda-no-op": [("torch.cuda.manual_seed_all(0)", "wrong"), ("torch.cuda.manual_seed(0)", "wrong"),
                    ("assert torch.cuda.is_bf16_supported() is False", "wrong")],
     "cuda-streams": [("torch.cuda.Event(enable_timing=True)", ""), ("torch.cuda.Stream()", ""),
@@ -59,6 +63,8 @@ DOCUMENTED = {
     "direct-collective": "works; dtype adaptation is npudist.comm's",
     "bf16-collective": "raises under the hccl-strict row (tests/comm)",
     "single-process": "runs, as separate trainings: measured in test_corpus.py on word_language_model, 2 ranks",
+    "device-gate": "exits 0 without training on CPU ranks: measured in test_corpus.py on pytorch/examples' FSDP2 "
+                   "example (verify_min_gpu_count)",
 }
 _MEASURED = {"": "error", "wrong": "warning", "cost": "info"}
 

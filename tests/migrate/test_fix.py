@@ -45,9 +45,24 @@ def test_rewrites_device_init_ddp_and_amp_keeping_comments() -> None:
 
 
 def test_leaves_what_needs_a_person_and_says_why() -> None:
-    result = apply(analyse('import torch\nok = "cuda" in device\ntorch.cuda.memory_stats()\n'))
-    assert result.code == 'import torch\nok = "cuda" in device\ntorch.cuda.memory_stats()\n'
-    assert sorted(f.rule for f in result.left) == ["cuda-device-string", "cuda-memory-api"]
+    result = apply(analyse('import torch\nok = x.is_cuda\ntorch.cuda.memory_stats()\n'))
+    assert result.code == 'import torch\nok = x.is_cuda\ntorch.cuda.memory_stats()\n'
+    assert sorted(f.rule for f in result.left) == ["cuda-memory-api"]
+    assert result.blocking == ()  # a warning: the script runs, reporting 0
+
+
+def test_fix_exits_non_zero_naming_the_lines_it_could_not_port(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmajor, minor = torch.cuda.get_device_capability()\nx = torch.ones(1).cuda()\n")
+    r = run_npudist(["migrate", "fix", "--write", str(script)])
+    assert r.returncode == 1, r.stderr
+    assert f"left for a person: {script}:2:16: cuda-api error: torch.cuda.get_device_capability()" in r.stderr
+    assert "1 line(s) left (errors above) still stop the script off CUDA" in r.stderr
+    assert "x = torch.ones(1).to(npudist.accelerator().device())" in script.read_text()  # the rest is written
+    script.write_text("import torch\nprint(torch.cuda.get_device_name(0))\n")
+    r = run_npudist(["migrate", "fix", "--write", str(script)])
+    assert r.returncode == 0, r.stderr
+    assert "print(npudist.accelerator().device_name(0))" in script.read_text()
 
 
 @pytest.mark.parametrize("script", sorted(CORPUS.rglob("*.py")), ids=lambda p: str(p.relative_to(CORPUS)))

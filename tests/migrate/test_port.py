@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from npudist.migrate import analyse, apply
 from tests.conftest import REPO, child_env, run_npudist
@@ -105,7 +107,7 @@ def test_is_available_guarding_an_unported_call_is_left_with_the_line_it_guards(
     result = _fix('''
         import torch
         if rank == 0 and torch.cuda.is_available():
-            print(torch.cuda.get_device_properties(0))
+            print(torch.cuda.get_device_capability(0))
         x = torch.ones(1).cuda() if torch.cuda.is_available() else torch.ones(1)
         use_cuda = torch.cuda.is_available()
     ''')
@@ -114,7 +116,7 @@ def test_is_available_guarding_an_unported_call_is_left_with_the_line_it_guards(
            '"cpu") else torch.ones(1)' in result.code
     assert "use_cuda = torch.cuda.is_available()" in result.code
     left = {f.line: f.detail for f in result.left if "is_available" in f.code}
-    assert left[3] == "guards line 4: torch.cuda.get_device_properties(0) (left)"
+    assert left[3] == "guards line 4: torch.cuda.get_device_capability(0) (left)"
     assert left[6].startswith("its value is kept")
 
 
@@ -122,7 +124,76 @@ def test_cuda_or_cpu_choice_stays_right_on_every_device() -> None:
     out = _fix('import torch\ndevice_type = "cuda" if torch.cuda.is_available() else "cpu"\n').code
     assert 'device_type = npudist.accelerator().device_type if (npudist.accelerator().device_type != "cpu") ' \
            'else "cpu"' in out
-    assert _fix('import torch\nok = "cuda" in device\n').left[0].rule == "cuda-device-string"
+    ported = _fix('import torch\nok = "cuda" in device\n').code
+    assert ported == 'import torch\nok = torch.device(device).type != "cpu"\n'
+
+
+def test_nanogpts_device_type_takes_the_accelerator_branch_on_every_accelerator() -> None:
+    """karpathy/nanoGPT train.py: the test on the device string, and model.py's fused-AdamW condition."""
+    out = _fix("""
+        import torch
+        device_type = 'cuda' if 'cuda' in device else 'cpu' # for later use in torch.autocast
+        if device_type == 'cuda':
+            x = x.pin_memory().to(device, non_blocking=True)
+        use_fused = fused_available and device_type == 'cuda'
+        slow = not device.startswith('cuda')
+        cpu_only = 'cuda' not in device
+    """)
+    assert "device_type = npudist.accelerator().device_type if torch.device(device).type != \"cpu\" else 'cpu'" \
+        in out.code
+    assert 'if device_type != "cpu":' in out.code and 'use_fused = fused_available and device_type != "cpu"' \
+        in out.code
+    assert 'slow = not torch.device(device).type != "cpu"' in out.code
+    assert 'cpu_only = torch.device(device).type == "cpu"' in out.code
+    assert out.left == ()  # pin_memory() runs only behind the accelerator test
+    line = next(x for x in out.code.splitlines() if x.startswith("device_type ="))
+    # ("npu" is a device type only once torch_npu or the simulation has registered it; xpu stands for any)
+    for device, accelerator in (("xpu:0", "xpu"), ("cuda:1", "cuda"), ("cpu", "cpu")):
+        acc = SimpleNamespace(device_type=accelerator)
+        names = {"torch": torch, "device": device, "npudist": SimpleNamespace(accelerator=lambda a=acc: a)}
+        exec(line, names)
+        assert names["device_type"] == accelerator
+
+
+def test_device_queries_become_the_accelerators() -> None:
+    out = _fix("""
+        import torch
+        print(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(device).total_memory)
+        free, total = torch.cuda.mem_get_info()
+    """).code
+    assert "print(npudist.accelerator().device_name(0), npudist.accelerator().device_properties(device)" \
+           ".total_memory)" in out
+    assert "free, total = npudist.accelerator().mem_get_info()" in out
+
+
+def test_the_device_queries_answer_on_cpu() -> None:
+    import npudist
+
+    acc = npudist.Accelerator(npudist.accelerators.BY_NAME["cpu"])
+    props = acc.device_properties()
+    free, total = acc.mem_get_info()
+    assert acc.device_name() == props.name and props.total_memory == total and 0 < free <= total
+    assert props.multi_processor_count >= 1 and (props.major, props.minor) == (0, 0)
+
+
+def test_a_gate_on_the_accelerator_count_is_kept_for_accelerators_only() -> None:
+    """pytorch/examples distributed/FSDP2/example.py's verify_min_gpu_count gate."""
+    out = _fix("""
+        import torch
+        def verify_min_gpu_count(min_gpus: int = 2) -> bool:
+            has_gpu = torch.accelerator.is_available()
+            gpu_count = torch.accelerator.device_count()
+            return has_gpu and gpu_count >= min_gpus
+        def main():
+            if not verify_min_gpu_count(min_gpus=2):
+                print("Unable to locate sufficient 2 gpus to run this example. Exiting.")
+                exit()
+            torch.distributed.init_process_group(backend=backend, device_id=device)
+    """)
+    assert 'if npudist.accelerator().device_type != "cpu" and not verify_min_gpu_count(min_gpus=2):' in out.code
+    assert "device_id" not in out.code and "npudist.init()" in out.code
+    assert [f.rule for f in out.applied if f.rule == "device-gate"] == ["device-gate"]
+    assert _fix(out.code).applied == ()  # the gate as written by fix is not reported again
 
 
 def _run_fixed(tmp_path: Path, simulate: str | None) -> str:

@@ -130,6 +130,35 @@ class Accelerator:
                                "npudist.accelerator().synchronize()")
         return make(enable_timing=enable_timing, **kwargs)
 
+    # What a script asks torch.cuda about its device (npudist migrate rewrites those calls to these): the vendor
+    # module's answer (torch_npu and torch_mlu keep torch.cuda's names and fields), the host's on CPU.
+    def device_name(self, device: int | torch.device | None = None) -> str:
+        if self.device_type == "cpu":
+            return HostProperties.read().name
+        return str(self._query("get_device_name")(_index(device)))
+
+    def device_properties(self, device: int | torch.device | None = None) -> Any:
+        """``name``, ``total_memory`` (bytes), ``major``, ``minor``, ``multi_processor_count`` on every vendor."""
+        if self.device_type == "cpu":
+            return HostProperties.read()
+        return self._query("get_device_properties")(_index(device) or 0)
+
+    def mem_get_info(self, device: int | torch.device | None = None) -> tuple[int, int]:
+        """(free, total) bytes of the device's memory; of host memory on CPU."""
+        if self.device_type == "cpu":
+            import psutil
+
+            memory = psutil.virtual_memory()
+            return int(memory.available), int(memory.total)
+        free, total = self._query("mem_get_info")(_index(device))
+        return int(free), int(total)
+
+    def _query(self, name: str) -> Any:
+        call = getattr(self._module(), name, None)
+        if call is None:
+            raise RuntimeError(f"{self.name}: torch.{self.device_type} has no {name}() on torch {torch.__version__}")
+        return call
+
     def _allocator(self, name: str, device: int | torch.device | None) -> int:
         if self.device_type == "cpu":
             return 0
@@ -153,6 +182,27 @@ class Accelerator:
             "allocated_bytes": int(mod.memory_allocated(index)),
             "reserved_bytes": int(mod.memory_reserved(index)),
         }
+
+
+@dataclass(frozen=True)
+class HostProperties:
+    """The host as a device, in the fields of torch.cuda's device properties that scripts read."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int = 0
+    minor: int = 0
+
+    @classmethod
+    def read(cls) -> HostProperties:
+        import os
+        import platform
+
+        import psutil
+
+        return cls(name=platform.processor() or platform.machine() or "cpu",
+                   total_memory=int(psutil.virtual_memory().total), multi_processor_count=os.cpu_count() or 1)
 
 
 def _index(device: int | torch.device | None) -> int | None:

@@ -116,7 +116,8 @@ def check(
 
 
 @app.command(help="Rewrite what is mechanical (device, init, DDP, amp); print a diff, --write in place, "
-                  "or --out DIR for a converted copy and its change list.")
+                  "or --out DIR for a converted copy and its change list. Exits 1 when an error-level line is "
+                  "left for a person (the script still stops off CUDA) or a file could not be written.")
 def fix(
     paths: list[Path] = typer.Argument(..., help=_PATHS_HELP),  # noqa: B008 (typer's declaration style)
     write: bool = typer.Option(False, "--write", help="Write the changes into the files (default: print a diff)."),
@@ -132,12 +133,13 @@ def fix(
     if write and out is not None:
         err.print("[bold red]npudist migrate:[/] --write and --out: choose one (in place, or a copy)")
         raise typer.Exit(2)
-    changed, failed, changes = 0, 0, []
+    changed, failed, changes, blocking = 0, 0, [], 0
     for src, analysis, problem in _analyses(paths, profile, include_installed):
         if problem:
             typer.echo(f"{src.path}: {problem}", err=True)
             continue
         result = apply(analysis)
+        blocking += len(result.blocking)
         for f in result.applied:
             changes.append("fixed " + report.line(_row_of(src, f)))
         for f in result.left:
@@ -166,7 +168,11 @@ def fix(
     verb = "rewrote" if write or out is not None else "would rewrite"
     where = f" into {out}" if out is not None else ""
     typer.echo(f"npudist migrate: {verb} {changed} file(s){where}; {failed} not written", err=True)
-    if failed:
+    if blocking:
+        # The rewrite is still written: what is left is listed above with its rule's reason.
+        typer.echo(f"npudist migrate: {blocking} line(s) left (errors above) still stop the script off CUDA: it "
+                   "is not runnable on other devices until a person changes them", err=True)
+    if failed or blocking:
         raise typer.Exit(1)
 
 

@@ -99,7 +99,10 @@ def cuda_to_to(call: cst.Call) -> cst.Call:
 
 
 # init_process_group's arguments npudist.init() takes from the launcher's environment instead.
-_GROUP_LAYOUT = frozenset({"init_method", "world_size", "rank", "store", "group_name", "pg_options", "device_id"})
+_GROUP_LAYOUT = frozenset({"init_method", "world_size", "rank", "store", "group_name", "pg_options"})
+DROPPED_GROUP_ARGS = frozenset({"device_id"})
+"""init_process_group arguments a port drops: ``device_id`` binds the group to a device and connects eagerly, which
+a CPU device (gloo ranks) or a vendor backend without eager connection refuses; npudist.init() sets the device."""
 
 
 def keeps_layout(call: cst.Call) -> bool:
@@ -114,6 +117,8 @@ def backend_only(call: cst.Call) -> cst.Call:
     backend = cst.Arg(cst.parse_expression(BACKEND), keyword=cst.Name("backend"))
     args, replaced = [], False
     for i, a in enumerate(call.args):
+        if a.keyword is not None and a.keyword.value in DROPPED_GROUP_ARGS:
+            continue
         if (a.keyword is not None and a.keyword.value == "backend") or (i == 0 and a.keyword is None and not a.star):
             args.append(a.with_changes(value=cst.parse_expression(BACKEND)))
             replaced = True
@@ -121,6 +126,7 @@ def backend_only(call: cst.Call) -> cst.Call:
             args.append(a)
     if not replaced:
         args.insert(0, backend.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
+    args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return call.with_changes(args=args)
 
 
@@ -195,3 +201,36 @@ def sync_batchnorm(call: cst.Call) -> cst.BaseExpression:
     model = call.args[0].value
     return cst.parse_expression(f'(({cst.Module([]).code_for_node(call)}) if {ACC}.device_type != "cpu" else '
                                 f'{cst.Module([]).code_for_node(model)})')
+
+
+NOT_CPU = "!= \"cpu\""
+
+
+def device_test(side: str, *, accelerator_when_true: bool, typed: bool) -> Rewrite:
+    """``'cuda' in d`` / ``d == 'cuda'`` / ``d.startswith('cuda')`` -> a test that holds on every accelerator.
+
+    ``side`` says where the device is in the (rewritten) node: "left" or "right" of a comparison, "receiver" of
+    ``.startswith``. ``typed``: the expression is already a device type (``device_type``, ``device.type``), so it
+    is compared with "cpu" directly; otherwise ``torch.device(d).type`` reads the type of a name or a device.
+    """
+
+    def fix(node: Any) -> cst.BaseExpression:
+        if side == "receiver":
+            device = node.func.value
+        else:
+            device = node.left if side == "left" else node.comparisons[0].comparator
+        code = cst.Module([]).code_for_node(device)
+        kind = code if typed else f"torch.device({code}).type"
+        return cst.parse_expression(f'{kind} {"!=" if accelerator_when_true else "=="} "cpu"')
+
+    return fix
+
+
+def gate_for_accelerators(node: cst.If) -> cst.If:
+    """``if not verify_min_gpu_count(...): exit()`` -> the same gate, for accelerators only: CPU ranks need no
+    device count (npudist.init() refuses a rank without its device on every vendor)."""
+    test = node.test
+    if isinstance(test, cst.BooleanOperation):
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    guard = cst.parse_expression(f'{ACC}.device_type != "cpu"')
+    return node.with_changes(test=cst.BooleanOperation(left=guard, operator=cst.And(), right=test))

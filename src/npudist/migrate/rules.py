@@ -59,6 +59,28 @@ _RULES = (
          "scaler.scale(loss).backward()\nwith torch.autocast(dt, dtype=torch.bfloat16):\n    y = model(x)\n"
          "assert y.dtype == torch.bfloat16\n"
          "scaler = torch.amp.GradScaler(dt)\nscaler.scale(y.float().sum()).backward()"),
+    Rule("cuda-device-query", "error",
+         "torch.cuda.get_device_name / get_device_properties / mem_get_info ask the CUDA runtime: on an NPU, MLU "
+         "or CPU host they raise",
+         "npudist.accelerator().device_name() / device_properties() / mem_get_info(): the vendor's answer (name, "
+         "total_memory, major, minor, multi_processor_count), the host's on CPU", True,
+         "acc = npudist.accelerator()\nname = acc.device_name()\np = acc.device_properties()\n"
+         "free, total = acc.mem_get_info()\nassert name and p.total_memory > 0 and 0 <= free <= total"),
+    Rule("cuda-device-test", "warning",
+         "a test for 'cuda' in a device's name ('cuda' in device, device.startswith('cuda'), device_type == "
+         "'cuda') is false on every other accelerator: the script silently takes its CPU branch there (nanoGPT "
+         "loses autocast, pinning and fused AdamW on an NPU)",
+         "torch.device(d).type != 'cpu' (true on every accelerator), or device_type != 'cpu'", True,
+         "device = str(ctx.device)\ndevice_type = npudist.accelerator().device_type if torch.device(device).type "
+         "!= 'cpu' else 'cpu'\nassert device_type == ctx.device.type"),
+    Rule("device-gate", "error",
+         "the script exits unless torch sees enough accelerators (pytorch/examples' verify_min_gpu_count): CPU "
+         "ranks (gloo) and a host whose vendor torch.accelerator does not know exit without training, with "
+         "status 0",
+         "keep the gate for accelerators only: `if npudist.accelerator().device_type != 'cpu' and not ...:` "
+         "(npudist.init() refuses a rank without its device on every vendor)", True,
+         "gate = npudist.accelerator().device_type != 'cpu' and not torch.accelerator.is_available()\n"
+         "assert not gate"),
     Rule("cuda-api", "error",
          "a torch.cuda call with no meaning on another device type: it raises there",
          "npudist.accelerator() (device(), device_count(), synchronize(), reset_peak_memory_stats(), "
@@ -207,6 +229,13 @@ CUDA_NO_OP_CALLS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_al
 """Answer without CUDA, wrongly: the device generator is not seeded, bf16 reported missing."""
 CUDA_STREAM_CALLS = frozenset({"Stream", "Event", "current_stream", "stream", "default_stream", "set_stream"})
 CUDA_DEVICE_CALLS = frozenset({"set_device", "device_count", "synchronize", "is_available", "current_device"})
+CUDA_DEVICE_QUERIES: Mapping[str, str] = MappingProxyType({
+    "get_device_name": "device_name", "get_device_properties": "device_properties", "mem_get_info": "mem_get_info",
+})
+"""torch.cuda query -> the npudist.accelerator() method answering it on every vendor (and the host on CPU)."""
+DEVICE_COUNT_QUERIES = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count",
+                                  "torch.cuda.is_available", "torch.accelerator.is_available"})
+"""What a device gate (pytorch/examples' verify_min_gpu_count) asks before it exits."""
 COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                          "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single"})
 DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "device_type"})

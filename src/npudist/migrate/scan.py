@@ -8,6 +8,7 @@ resolved through the file's imports (``from torch.distributed import init_proces
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -31,7 +32,9 @@ from npudist.migrate.rewrites import (
     cuda_fstring_index,
     cuda_to_to,
     device_for,
+    device_test,
     dotted,
+    gate_for_accelerators,
     keeps_layout,
     kw_arg,
     npudist_ddp,
@@ -43,16 +46,23 @@ from npudist.migrate.rewrites import (
 )
 from npudist.migrate.rules import (
     COLLECTIVES,
+    CUDA_DEVICE_QUERIES,
     CUDA_ENV,
     CUDA_MEMORY_CALLS,
     CUDA_NO_OP_CALLS,
     CUDA_STREAM_CALLS,
+    DEVICE_COUNT_QUERIES,
     DEVICE_KEYWORDS,
     NCCL_ENV,
     RULES,
 )
 
 _SYNC_BATCHNORM = frozenset({"torch.nn.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm"})
+_EXITS = frozenset({"exit", "quit", "sys.exit", "builtins.exit", "builtins.quit", "os._exit"})
+# A test already true on every accelerator (what cuda-device-test writes, or written so by hand).
+_ACCELERATOR_TEST = re.compile(
+    r"""(!=\s*['"]cpu['"]|['"]cuda['"]\s*(==|in)|==\s*['"]cuda['"]|startswith\(\s*['"]cuda)""")
+_TYPED = re.compile(r"(type|\.type)$")
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,9 @@ class _Visitor(cst.CSTVisitor):
         self._lines: set[tuple[str, int]] = set()
         self._entry: cst.CSTNode | None = None  # where a script starts (its argument parser or main guard)
         self._starts_group = False
+        self._functions: list[str] = []  # the enclosing function definitions, innermost last
+        self._querying: set[str] = set()  # functions that ask torch how many devices it sees
+        self._exit_ifs: list[tuple[cst.If, bool, set[str]]] = []  # (if that exits, asks directly, local calls)
 
     def _add(self, rule: str, node: cst.CSTNode, *, detail: str = "", fix: Rewrite | None = None,
              once_per_line: bool = False) -> None:
@@ -136,8 +149,81 @@ class _Visitor(cst.CSTVisitor):
         return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
 
     # -- calls --------------------------------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(node.name.value)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        """``'cuda' in device``, ``device_type == 'cuda'``: tests that hold on CUDA only."""
+        if len(node.comparisons) != 1:
+            return
+        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+        if isinstance(op, cst.In | cst.NotIn) and string_value(node.left) == "cuda":
+            self._device_test(node, node.left, right, "right", isinstance(op, cst.In))
+        elif isinstance(op, cst.Equal | cst.NotEqual):
+            for literal, other, side in ((right, node.left, "left"), (node.left, right, "right")):
+                if string_value(literal) == "cuda" and "device" in cst.Module([]).code_for_node(other).lower():
+                    self._device_test(node, literal, other, side, isinstance(op, cst.Equal))
+                    return
+
+    def _device_test(self, node: cst.CSTNode, literal: cst.CSTNode, device: cst.CSTNode, side: str,
+                     accelerator_when_true: bool) -> None:
+        self._claimed.add(id(literal))
+        typed = bool(_TYPED.search(cst.Module([]).code_for_node(device)))
+        self._add("cuda-device-test", node,
+                  fix=device_test(side, accelerator_when_true=accelerator_when_true, typed=typed))
+
+    def _guarded_by_device_test(self, node: cst.CSTNode) -> bool:
+        """``node`` runs only where a device test says there is an accelerator (nanoGPT's ``if device_type ==
+        'cuda': x.pin_memory()``, which cuda-device-test makes true on every accelerator)."""
+        child = node
+        while True:
+            parent = self.get_metadata(ParentNodeProvider, child, None)
+            if parent is None or isinstance(parent, cst.FunctionDef | cst.Module):
+                return False
+            if isinstance(parent, cst.If | cst.IfExp) and child is parent.body and \
+                    _ACCELERATOR_TEST.search(cst.Module([]).code_for_node(parent.test)):
+                return True
+            child = parent
+
+    def visit_If(self, node: cst.If) -> None:
+        if self._entry is None and "__main__" in cst.Module([]).code_for_node(node.test) and \
+                "__name__" in cst.Module([]).code_for_node(node.test):
+            self._entry = node
+        if not self._exits(node.body) or "device_type != " in cst.Module([]).code_for_node(node.test):
+            return
+        calls: list[cst.Call] = []
+
+        class _Calls(cst.CSTVisitor):
+            def visit_Call(self, call: cst.Call) -> None:
+                calls.append(call)
+
+        node.test.visit(_Calls())
+        direct = any(self._qnames(c.func) & DEVICE_COUNT_QUERIES for c in calls)
+        local = {c.func.value for c in calls if isinstance(c.func, cst.Name)}
+        self._exit_ifs.append((node, direct, local))
+
+    def _exits(self, body: cst.BaseSuite) -> bool:
+        found = False
+
+        class _Exit(cst.CSTVisitor):
+            def visit_Call(inner, call: cst.Call) -> None:  # the outer visitor is self
+                nonlocal found
+                found = found or bool(self._qnames(call.func) & _EXITS)
+
+            def visit_Raise(inner, raise_: cst.Raise) -> None:
+                nonlocal found
+                found = found or "SystemExit" in cst.Module([]).code_for_node(raise_)
+
+        body.visit(_Exit())
+        return found
+
     def visit_Call(self, node: cst.Call) -> None:
         names = self._qnames(node.func)
+        if self._functions and names & DEVICE_COUNT_QUERIES:
+            self._querying.add(self._functions[-1])
         self._starts_group = self._starts_group or bool(names & GROUP_STARTERS)
         if self._entry is None and "argparse.ArgumentParser" in names:
             self._entry = node
@@ -152,12 +238,11 @@ class _Visitor(cst.CSTVisitor):
         if index is not None and id(node) not in self._claimed:
             self._cuda_string(node, None, index)
 
-    def visit_If(self, node: cst.If) -> None:
-        if self._entry is None and "__main__" in cst.Module([]).code_for_node(node.test) and \
-                "__name__" in cst.Module([]).code_for_node(node.test):
-            self._entry = node
-
     def leave_Module(self, original_node: cst.Module) -> None:
+        # An if that exits when torch sees too few accelerators, asked there or in a function of this file.
+        for node, direct, local in self._exit_ifs:
+            if direct or local & self._querying:
+                self._add("device-gate", node, fix=gate_for_accelerators)
         # A script with device code that never starts a process group is a one-process trainer: N ranks of
         # it are N separate trainings (every finding above concerns the device, so one is the evidence).
         if self._entry is not None and not self._starts_group and self.found:
@@ -173,7 +258,9 @@ class _Visitor(cst.CSTVisitor):
             self._add("cuda-amp", node, fix=fix)
         elif name.startswith("torch.cuda."):
             tail = name[len("torch.cuda."):]
-            if tail in FIXED_DEVICE_CALLS or tail == "current_device":
+            if tail in CUDA_DEVICE_QUERIES:
+                self._add("cuda-device-query", node, fix=on_accelerator(CUDA_DEVICE_QUERIES[tail]))
+            elif tail in FIXED_DEVICE_CALLS or tail == "current_device":
                 maker = FIXED_DEVICE_CALLS.get(tail)
                 self._add("cuda-device-api", node, fix=maker)
             elif tail in CUDA_MEMORY_CALLS:
@@ -222,8 +309,12 @@ class _Visitor(cst.CSTVisitor):
                           fix=constant(f"{ACC}.device({literal})" if literal else DEVICE))
         elif method == "npu":
             self._add("vendor-locked", node, detail=".npu()")
-        elif method == "pin_memory":
+        elif method == "pin_memory" and not self._guarded_by_device_test(node):
             self._add("pin-memory-call", node)
+        elif method == "startswith":
+            first = nth_arg(0, node)
+            if first is not None and string_value(first.value) == "cuda" and len(node.args) == 1:
+                self._device_test(node, first.value, node.func.value, "receiver", True)
 
     def _is_index(self, expr: cst.BaseExpression) -> bool:
         if isinstance(expr, cst.Integer):
