@@ -36,6 +36,11 @@ def main() -> None:
     from npudist.sim.device import physical_chip
 
     r["chip"] = physical_chip()
+    # FSDP2/DTensor build a DeviceMesh over the group, which reads its name
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(dev.type, (world,))
+    r["mesh_group"] = [mesh.get_group().group_name, dist.group.WORLD.group_name]
     r["cpu_tensor"] = refusal(lambda: dist.all_reduce(torch.ones(4)))
     t = aligned_empty(128, torch.float32, dev, 128).fill_(float(rank + 1))  # meets even the strict row
     dist.all_reduce(t)

@@ -49,6 +49,12 @@ def test_each_rank_sees_one_chip_its_local_rank(default, strict):
             assert r["chip"] == rank  # one node: chip = local rank
 
 
+def test_a_device_mesh_finds_the_groups_name(default, strict):
+    for r in [*default.values(), *strict.values()]:
+        mesh_group, world_group = r["mesh_group"]
+        assert mesh_group and mesh_group == world_group  # a 1-D mesh over every rank is the default group
+
+
 def test_a_cpu_tensor_is_refused_with_the_real_message(default):
     for r in default.values():
         assert r["cpu_tensor"] == "RuntimeError: No backend type associated with device type cpu"

@@ -338,7 +338,8 @@ class SimDeviceModule(types.ModuleType):
         return torch.get_rng_state()
 
     def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
-        torch.set_rng_state(state)
+        # DTensor's RNG tracker hands back the state it read as a device tensor (torch/distributed/tensor/_random.py)
+        torch.set_rng_state(state.to("cpu"))
 
     def get_amp_supported_dtype(self) -> list[torch.dtype]:
         # What torch.autocast(device_type) asks a PrivateUse1 module for (torch/amp/autocast_mode.py);

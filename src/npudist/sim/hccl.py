@@ -75,9 +75,20 @@ class SimHcclGroup(dist.ProcessGroup):
         self.row = row
         self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._divide: list[torch.Tensor] = []
+        self._name = ""
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _set_group_name(self, name: str) -> None:
+        # torch names every group it makes (distributed_c10d._new_process_group_helper); the C++ ProcessGroup keeps
+        # the name on its backends, which a Python group has none of, so DeviceMesh (FSDP2) reading group_name
+        # found "ProcessGroup name not set". The name is kept here.
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
 
     @property
     def _device_types(self) -> list[torch.device]:
