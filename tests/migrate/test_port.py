@@ -249,3 +249,36 @@ def test_fixed_amp_events_and_allocator_stats_run_on_two_ranks(tmp_path: Path, s
             assert 0 < int(allocated) <= int(peak) <= int(reserved)
         else:  # no accelerator: no accelerator bytes, not the host's
             assert (allocated, peak, reserved) == ("0", "0", "0")
+
+
+FINETUNE = REPO / "tests" / "migrate" / "corpus" / "idioms" / "finetune.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
+def test_fixed_fine_tune_reports_its_device_and_keeps_bf16_autocast(tmp_path: Path, simulate: str | None) -> None:
+    """The LLM fine-tune idioms: device queries that raised off CUDA, autocast switched on by
+    device.startswith("cuda"), and a bf16 loss averaged with ReduceOp.AVG (the default hccl row takes it)."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "finetune.py").write_text(FINETUNE.read_text())
+    r = run_npudist(["migrate", "fix", "--write", "finetune.py"], cwd=work, env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert "torch.cuda" not in (work / "finetune.py").read_text().split('"""', 2)[2]
+    sim = ["--simulate", simulate] if simulate else []
+    r = run_npudist(["launch", *sim, "--nproc-per-node", "2", "finetune.py"], cwd=work, env=child_env(), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    names = re.findall(r"rank \d on (.+?): [\d.]+ GiB, ([\d.]+) GiB free of ([\d.]+)", r.stdout)
+    assert len(names) == 2, r.stdout
+    # two ranks share one pipe: a line may run into the next rank's, so each field is matched by its form
+    steps = re.findall(r"rank (\d) step (\d+) loss ([\d.]+) logits (torch\.[a-z0-9]+)", r.stdout)
+    assert len(steps) == 24, r.stdout
+    by_step = {}
+    for _rank, step, loss, dtype in steps:
+        by_step.setdefault(int(step), set()).add(loss)
+        assert dtype == ("torch.bfloat16" if simulate else "torch.float32")  # autocast on the accelerator only
+    assert all(len(losses) == 1 for losses in by_step.values())  # the AVG all-reduce: one value on both ranks
+    assert float(next(iter(by_step[11]))) < 0.5 * float(next(iter(by_step[0])))
+    if simulate:
+        assert sorted(n for n, _, _ in names) == ["simulated Ascend NPU (chip 0)", "simulated Ascend NPU (chip 1)"]
+        assert all(total == "64.0" for _, _, total in names)
