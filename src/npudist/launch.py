@@ -23,6 +23,7 @@ from npudist.runtime.env import rank_info, torchrun_env
 from npudist.runtime.network import Interface
 from npudist.runtime.settings import (
     ACCELERATOR_VAR,
+    DRY_RUN_VAR,
     PG_WATCH_VAR,
     PORT_VAR,
     PROFILE_VAR,
@@ -66,8 +67,8 @@ class LaunchPlan:
     """Over several nodes: the holder's secret must then be one every node's launch shares (peer_auth.py)."""
 
 
-_OURS = MappingProxyType({"--mpi": 0, "--metrics-port": 1, "--run-dir": 1, "--targets-file": 1, "--simulate": 1,
-                          "--accelerator": 1, "--peer-snapshots": 1, "--peer-snapshot-bind": 1})
+_OURS = MappingProxyType({"--mpi": 0, "--dry-run": 0, "--metrics-port": 1, "--run-dir": 1, "--targets-file": 1,
+                          "--simulate": 1, "--accelerator": 1, "--peer-snapshots": 1, "--peer-snapshot-bind": 1})
 
 
 def accelerator_for(argv: Sequence[str]) -> Accelerator:
@@ -89,9 +90,41 @@ def _refuse(message: str):
 def _split(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     p = parser()
     p.error = _refuse  # argparse would print and sys.exit; callers get a LaunchError instead
-    ns = p.parse_args(list(argv))
+    argv = _dry_run_tokens(p, list(argv))
+    ns = p.parse_args(argv)
     tail = len(ns.training_script_args) + 1
     return ns, list(argv[: len(argv) - tail]), list(argv[len(argv) - tail :])
+
+
+def _dry_run_tokens(p: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--dry-run`` takes an optional value, and argparse would take `--dry-run train.py` as N = train.py.
+    Before the script (walking the options, each with the values its action takes), a bare ``--dry-run`` is
+    folded with a following number into ``--dry-run=N``, else becomes ``--dry-run=2``; the script's own
+    arguments are left as they are."""
+    out, i = [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("-") or tok == "--":
+            return [*out, *argv[i:]]  # the script (or -- before it) and its arguments
+        if tok == "--dry-run":
+            number = i + 1 < len(argv) and argv[i + 1].isdigit()
+            out.append(f"--dry-run={argv[i + 1]}" if number else "--dry-run=2")
+            i += 2 if number else 1
+            continue
+        action = p._option_string_actions.get(tok)
+        takes = 0 if action is None or "=" in tok or action.nargs == 0 else 1
+        out.extend(argv[i:i + 1 + takes])
+        i += 1 + takes
+    return out
+
+
+def dry_run_steps(value: str | None) -> int | None:
+    """--dry-run's N (None: not asked for); LaunchError for anything but a positive count."""
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise LaunchError(f"--dry-run={value}: give the number of optimizer steps to run, e.g. --dry-run=2")
+    return int(value)
 
 
 def resolve_nproc(value: str | None, acc: Accelerator, env: Mapping[str, str]) -> int:
@@ -212,6 +245,9 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
         raise LaunchError(f"--peer-snapshots {ns.peer_snapshots}: give a step count >= 1, and launch through "
                           "torchrun (not --mpi): the holder lives in the torchrun agent's process")
     run_dir = {RUN_DIR_VAR: os.path.abspath(ns.run_dir)} if ns.run_dir else {}
+    dry = dry_run_steps(ns.dry_run)
+    if dry is not None:  # the ranks' variable (npudist/dry_run.py), beside the run directory's
+        run_dir[DRY_RUN_VAR] = str(dry)
     if ns.mpi:
         the_plan = _plan_mpi(ns, head, tail, env)
         the_plan.env_updates.update(simulated)
@@ -240,6 +276,9 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
                           script=None if ns.module or ns.no_python else tail[0])
     the_plan.env_updates.update(simulated)
     the_plan.env_updates.update(run_dir)  # the ranks' run log and hang reports (npudist.training)
+    if dry is not None:
+        the_plan.notes.append(f"dry run: each rank stops after {dry} optimizer step{'s' if dry > 1 else ''} and a "
+                              "checkpoint saved and loaded back")
     the_plan.peer_snapshots, the_plan.multi_node = ns.peer_snapshots, not single_node and not ns.standalone
     the_plan.peer_bind = ns.peer_snapshot_bind or "127.0.0.1"
     if ns.peer_snapshots is not None and the_plan.multi_node:

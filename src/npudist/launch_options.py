@@ -20,6 +20,7 @@ torchrun's, passed through unchanged (https://pytorch.org/docs/stable/elastic/ru
 examples:
   npudist launch examples/train_ddp.py --steps 100            one rank per device (2 on a CPU)
   npudist launch --simulate npu examples/train_ddp.py         every rank on the simulated Ascend NPU
+  npudist launch --dry-run train.py --epochs 90               2 steps and a checkpoint round trip, then exit
   npudist launch --metrics-port 9500 --targets-file runs/t.json --run-dir runs/r train.py
   npudist launch --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29500 train.py
   mpirun -n 8 npudist launch --mpi train.py                   one rank per MPI process"""
@@ -53,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument("--targets-file", default=None,
                        help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
                        "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")
+    group.add_argument("--dry-run", nargs="?", const="2", default=None, metavar="N",
+                       help="run the script for N optimizer steps (default 2), save a checkpoint of what the "
+                       "optimizer trains and load it back on every rank, then exit: a check of the loop, "
+                       "device, collectives and checkpoints before a long job")
     group.add_argument("--simulate", default=None, metavar="|".join(SIMULATE_MODES),
                        help="run every rank on the simulated Ascend NPU (npudist.sim) with a simulated hccl; "
                        "npu:strict also enforces the hccl-strict rules. `import torch_npu` loads the simulation")

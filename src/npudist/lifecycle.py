@@ -23,7 +23,7 @@ from npudist.comm import state as comm_state
 from npudist.runtime import network
 from npudist.runtime.env import RankInfo, rank_info
 from npudist.runtime.settings import Settings, SettingsError
-from npudist.runtime.state import current, peek
+from npudist.runtime.state import Runtime, current, peek
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -192,7 +192,18 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, *
     from npudist import training  # after the group: the loop's exporter reads the rank it joined as
 
     training.attach(rt, rt.context, watch)
+    if rt.settings.dry_run_steps:
+        _dry_run(rt)
     return rt.context
+
+
+def _dry_run(rt: Runtime) -> None:
+    """`npudist launch --dry-run[=N]`: end the script after N optimizer steps and a checkpoint round trip."""
+    from npudist import dry_run
+
+    steps, ctx = rt.settings.dry_run_steps, rt.context
+    assert steps is not None and ctx is not None
+    rt.own("run_logs", dry_run.install(steps, dry_run.checkpoint_dir(rt.settings.run_dir, os.environ), ctx.rank))
 
 
 def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:

@@ -49,6 +49,7 @@ SYSFS_ROOT_VAR = "NPUDIST_SYSFS_ROOT"
 NODE_VAR = "NPUDIST_NODE_NAME"
 SIMULATE_VAR = "NPUDIST_SIMULATE"
 SIM_CHIPS_VAR = "NPUDIST_SIM_CHIPS"
+DRY_RUN_VAR = "NPUDIST_DRY_RUN"
 
 SIMULATE_MODES = ("npu", "npu:strict")
 """What NPUDIST_SIMULATE and ``npudist launch --simulate`` accept (npudist.sim.MODES says what each does)."""
@@ -111,6 +112,9 @@ class Settings:
     sim_chips: int = 8
     """NPUDIST_SIM_CHIPS: chips on the simulated host (an Atlas 800 training server has 8); a rank's
     ASCEND_RT_VISIBLE_DEVICES or local rank must name one of them."""
+    dry_run_steps: int | None = None
+    """NPUDIST_DRY_RUN: after this many optimizer steps the rank saves and loads back a checkpoint and ends
+    the script (``npudist launch --dry-run[=N]``, npudist/dry_run.py); None: the script runs as written."""
 
     @property
     def forced_accelerator(self) -> str | None:
@@ -146,6 +150,7 @@ class Settings:
             node_name=text(NODE_VAR),
             simulate=_simulate(text(SIMULATE_VAR)),
             sim_chips=_positive(SIM_CHIPS_VAR, text(SIM_CHIPS_VAR)) or 8,
+            dry_run_steps=_positive(DRY_RUN_VAR, text(DRY_RUN_VAR)),
         )
 
 
@@ -161,6 +166,7 @@ _RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     BUSY_TIMEOUT_VAR: (0.001, 30 * 86400.0, "seconds (at most 30 days)"),
     PORT_VAR: (0, 65535, "the base port (0: any free port)"),
     CPU_NPROC_VAR: (1, 1024, "ranks per node"),
+    DRY_RUN_VAR: (1, 1_000_000, "optimizer steps"),
 })
 
 
