@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudist.selftest.records import CHECKS, FAIL, Verdict, read_records, verdicts
+from npudist.selftest.records import CHECKS, FAIL, SKIP, Verdict, read_records, verdicts
 
 RANK_MODULE = "npudist.selftest.rank"
 POLL_S = 0.2
@@ -68,6 +68,10 @@ def summary_line(found: list[Verdict], nproc: int, seconds: float, returncode: i
         if returncode:
             return (f"npudist test: every check passed, but the launch exited with {returncode} after them "
                     "(the launch output above says why)")
+        skipped = [v.check for v in found if v.status == SKIP]
+        if skipped:
+            return (f"npudist test: {len(CHECKS) - len(skipped)} checks passed and {len(skipped)} skipped "
+                    f"({', '.join(skipped)}: why is above) on {nproc} ranks per node in {seconds:.1f} s")
         return f"npudist test: all {len(CHECKS)} checks passed on {nproc} ranks per node in {seconds:.1f} s"
     failed = [v.check for v in found if v.status == FAIL]
     return (f"npudist test: {len(CHECKS) - len(bad)} of {len(CHECKS)} checks passed in {seconds:.1f} s; "
