@@ -113,7 +113,7 @@ def test_a_lazily_exported_name_is_never_shadowed_by_a_submodule(package):
 
 WITH_EXAMPLES = [["doctor"], ["test"], ["exporter"], ["report"], ["diagnose"], ["observe"], ["dashboards", "export"],
                  ["dashboards", "check"], ["bench", "collective"], ["edge", "convert"], ["launch"],
-                 ["deploy", "slurm"]]
+                 ["deploy", "slurm"], ["deploy", "k8s"]]
 
 
 @pytest.mark.parametrize("argv", WITH_EXAMPLES, ids=" ".join)

@@ -54,7 +54,9 @@ def _script(text: str) -> tuple[str, ...]:
 
 
 @app.command("k8s", help="Write Kubernetes YAML and a kustomization.yaml: exporter DaemonSet, Service, "
-             "ServiceMonitor, PrometheusRule, dashboard ConfigMaps, and the training job with its PodMonitor.")
+             "ServiceMonitor, PrometheusRule, dashboard ConfigMaps, and the training job with its PodMonitor. "
+             "Example: `npudist deploy k8s --out k8s --accelerator npu --nodes 2 --image REGISTRY/npudist:TAG "
+             "--run-dir-pvc npudist-runs`.")
 def k8s_cmd(
     out: Out,
     namespace: str = typer.Option("npudist", help="Namespace of every object."),
