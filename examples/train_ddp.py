@@ -18,7 +18,6 @@ import hashlib
 import inspect
 import math
 import os
-import signal
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -31,19 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import npudist
 from npudist import checkpoint
 from npudist.telemetry.job.console import Interrupt, interrupted_line
-
-
-def dump_flight_recorder(rank: int) -> None:
-    """Testing hang diagnosis against torch's flight recorder: with TORCH_FR_BUFFER_SIZE and
-    TORCH_FR_DUMP_TEMP_FILE set, a rank whose training failed writes its buffer where NCCL's dump-on-timeout
-    would (gloo has no watchdog that dumps), for ``python -m torch.distributed.flight_recorder.fr_trace``."""
-    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
-    if not prefix or not os.environ.get("TORCH_FR_BUFFER_SIZE"):
-        return
-    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
-    if dump is not None:
-        with open(f"{prefix}{rank}", "wb") as f:
-            f.write(dump())
+from npudist.testing import train_knobs as knobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,21 +47,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--straggler-diagnosis", type=int, default=0, metavar="WINDOWS",
                    help="with --run-dir: write a straggler diagnosis once the detector flags a rank in this "
                         "many windows in a row")
-    p.add_argument("--slow-rank", type=int, default=-1,
-                   help="testing: this rank sleeps --slow-ms per step, plus (--slow-factor - 1) x its step time")
-    p.add_argument("--slow-ms", type=float, default=0.0)
-    p.add_argument("--fault", choices=FAULTS, default=None,
-                   help="testing hang diagnosis: --fault-rank misbehaves at --fault-step (sigstop, sigkill: "
-                   "signals itself after its backward; sleep: sleeps between forward and backward; stall: "
-                   "sleeps before the forward; skip, mismatch: skips, or sends a wrong-sized, the per-step "
-                   "loss average that every rank runs when --fault is given)")
-    p.add_argument("--fault-rank", type=int, default=1)
-    p.add_argument("--fault-step", type=int, default=3)
-    p.add_argument("--slow-factor", type=float, default=1.0,
-                   help="testing: the slow rank's steps take this many times as long (1.3 = a 1.3x rank)")
-    p.add_argument("--slow-from", type=int, default=1, help="testing: the first step the slow rank is slow")
-    p.add_argument("--slow-when", metavar="PATH",
-                   help="testing: the slow rank is slow only from the first step at which PATH exists")
     p.add_argument("--exchange-every", type=int, default=20, help="steps between cross-rank skew exchanges")
     p.add_argument("--op-ranks", type=int, default=0,
                    help="profile operators on about this many ranks spread over the job (0 = every rank)")
@@ -90,13 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "through the custom operator")
     p.add_argument("--no-telemetry", action="store_true",
                    help="no step timer, skew exchange, op sampling or metrics server (overhead baseline)")
-    p.add_argument("--hold-at", choices=HOLD_PHASES, default=None,
-                   help="testing Ctrl-C: --hold-rank prints 'HOLD <phase>' and sleeps there (init: before joining "
-                   "the process group; checkpoint: after the first checkpoint; resume: after loading the "
-                   "checkpoint), so the other ranks wait for it in a collective")
-    p.add_argument("--hold-rank", type=int, default=1)
-    p.add_argument("--every-rank-done", action="store_true",
-                   help="testing: every rank prints its 'rank=R done' line (otherwise rank 0 owns the console)")
+    knobs.add_arguments(p)  # testing: faults, slow ranks, holds (npudist/testing/train_knobs.py)
     args = p.parse_args(argv)
     for name in ("steps", "exchange_every", "checkpoint_every", "keep", "global_batch_size", "seq_len", "vocab",
                  "d_model", "layers", "log_every"):
@@ -106,60 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 ACTIVATIONS = ("relu", "silu", "swish-op")
-FAULTS = ("sigstop", "sleep", "stall", "skip", "mismatch", "sigkill")
-FAULT_SLEEP_S = 3600.0
-HOLD_PHASES = ("init", "checkpoint", "resume")
-
-
-def hold(args: argparse.Namespace, rank: int, phase: str) -> None:
-    """--hold-at: this rank stops at ``phase`` until a signal ends it."""
-    if args.hold_at == phase and rank == args.hold_rank:
-        print(f"HOLD {phase} rank={rank}", flush=True)
-        time.sleep(FAULT_SLEEP_S)
-
-
-def announce(args: argparse.Namespace, rank: int, step: int) -> None:
-    """The fault's line, with this rank's last collective as its hang watchdog records it."""
-    last = npudist.comm.progress() or {}
-    print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f} last={last.get('op')} "
-          f"#{last.get('seq')} {last.get('state')} pid={os.getpid()}", flush=True)
-
-
-def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
-    """--fault at its place in the step: ``where`` is start, backward or end; in torchrun's first attempt
-    only, so a restarted job runs past the step that failed."""
-    if args.fault is None or rank != args.fault_rank or step != args.fault_step:
-        return
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return
-    at = {"stall": "start", "sleep": "backward", "sigstop": "end", "sigkill": "end"}.get(args.fault)
-    if at != where:
-        return
-    announce(args, rank, step)
-    if args.fault in ("sleep", "stall"):
-        time.sleep(FAULT_SLEEP_S)
-    else:
-        os.kill(os.getpid(), signal.SIGSTOP if args.fault == "sigstop" else signal.SIGKILL)
-
-
-def loss_average(args: argparse.Namespace, loss: torch.Tensor, step: int, rank: int) -> bool:
-    """With --fault, every rank averages the loss every step: the collective skip and mismatch break.
-
-    False: this rank skips it and stops training, as a rank whose data ran out a step early (a rank that
-    skipped one call and went on would have gloo abort a peer: "collective mismatch").
-    """
-    if args.fault is None:
-        return True
-    value = loss.detach().reshape(1).float()
-    if rank == args.fault_rank and step == args.fault_step and args.fault in ("skip", "mismatch"):
-        announce(args, rank, step)
-        if args.fault == "skip":
-            return False
-        value = torch.cat([value, value])
-    npudist.all_reduce(value, "avg")
-    return True
-
-
 def make_activation(name: str) -> str | nn.Module:
     """An activation TransformerEncoderLayer accepts; none of them draws random numbers or has weights."""
     if name == "swish-op":
@@ -217,15 +129,15 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Name
     with data_wait():
         batch = global_batch(args.seed, step, args.global_batch_size, args.seq_len, args.vocab)
         mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank].to(ctx.device)
-    inject(args, step, ctx.rank, "start")
+    knobs.inject(args, step, ctx.rank, "start")
     logits = model(mine[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, args.vocab), mine[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
-    inject(args, step, ctx.rank, "backward")
+    knobs.inject(args, step, ctx.rank, "backward")
     loss.backward()
     opt.step()
-    inject(args, step, ctx.rank, "end")
-    if not loss_average(args, loss, step, ctx.rank):
+    knobs.inject(args, step, ctx.rank, "end")
+    if not knobs.loss_average(args, loss, step, ctx.rank):
         raise StopIteration
     return loss
 
@@ -283,7 +195,7 @@ class Position:
 
 
 def train(args: argparse.Namespace, at: Position) -> None:
-    hold(args, int(os.environ.get("RANK", "0")), "init")
+    knobs.hold(args, int(os.environ.get("RANK", "0")), "init")
     ctx = npudist.init(watch=False)  # the loop starts below, with this script's settings
     at.is_main = ctx.is_main
     if args.run_dir:
@@ -300,7 +212,7 @@ def train(args: argparse.Namespace, at: Position) -> None:
     start, loss_value, source = resume(args.run_dir, model, opt, ctx, peer, args.resume_simulated)
     at.step = start
     if start:
-        hold(args, ctx.rank, "resume")
+        knobs.hold(args, ctx.rank, "resume")
     if start >= args.steps and ctx.is_main:
         print(f"already at step {start} in {args.run_dir}: raise --steps (make demo STEPS=...) above {start} "
               f"or remove {args.run_dir}", flush=True)
@@ -313,7 +225,7 @@ def train(args: argparse.Namespace, at: Position) -> None:
                         exchange_every=args.exchange_every, op_ranks=args.op_ranks,
                         straggler_diagnosis=args.straggler_diagnosis, telemetry=not args.no_telemetry)
     saved = last = None
-    slow_now = not args.slow_when
+    slow_down = knobs.Slowdown(args, ctx.rank)
     for step in range(start + 1, args.steps + 1):
         began = time.perf_counter()
         try:
@@ -322,15 +234,11 @@ def train(args: argparse.Namespace, at: Position) -> None:
         except StopIteration:  # --fault skip
             break
         except Exception:
-            dump_flight_recorder(ctx.rank)
+            knobs.dump_flight_recorder(ctx.rank)
             raise
         last = loss
         npudist.log(loss=loss)  # read only when a progress line needs it
-        if ctx.rank == args.slow_rank and step >= args.slow_from:
-            slow_now = slow_now or os.path.exists(args.slow_when)  # a stat a step, on the slow rank only
-            if slow_now:
-                took = time.perf_counter() - began
-                time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
+        slow_down(step, began)
         if peer is not None and peer.due(step):  # the state a disk checkpoint would hold, to the partner
             peer.snapshot({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
                            "loss": float(loss.detach()), "rng": torch.get_rng_state()}, step)
@@ -341,7 +249,7 @@ def train(args: argparse.Namespace, at: Position) -> None:
                                      "loss": loss_value, "rng": torch.get_rng_state()}, args.run_dir, step,
                                     keep=args.keep, async_save=not args.sync_checkpoints)
             if first:
-                hold(args, ctx.rank, "checkpoint")
+                knobs.hold(args, ctx.rank, "checkpoint")
     if last is not None:
         loss_value = float(last.detach())
     loop.flush()  # the last step's line

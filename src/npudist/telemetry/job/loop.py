@@ -213,6 +213,7 @@ class TrainingLoop:
         self._window_samples = 0
         self._batch_samples: int | None = None
         self._first_begun = False
+        self._hinted: int | None = -1
         self._runlog_opened = False
         self._finished = False
         self.closers: list[Callable[[], None]] = []
@@ -366,7 +367,8 @@ class TrainingLoop:
         if per_step is None and self._batch_samples is not None:
             per_step = self._batch_samples * self.ctx.world_size
         self._window_samples += per_step or 0
-        if self.total is None:
+        if self.total is None and self._hinted != self.loader_length:  # once, and again when a loader shows up
+            self._hinted = self.loader_length
             self.total = total_hint(self.argv, self.loader_length)
         since = now - (self._line_at if self._line_at is not None else (self.began or now))
         if line_due(self.step, total=self.total, log_every=self.settings.log_every, since_line_s=since):
