@@ -338,8 +338,11 @@ class SimDeviceModule(types.ModuleType):
         return torch.get_rng_state()
 
     def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
-        # DTensor's RNG tracker hands back the state it read as a device tensor (torch/distributed/tensor/_random.py)
-        torch.set_rng_state(state.to("cpu"))
+        # DTensor's RNG tracker hands back the state it read as a device tensor (torch/distributed/tensor/_random.py),
+        # inside DTensor's dispatch, where even its .to("cpu") stays the wrapper: the host state is what it holds.
+        from npudist.sim.tensor import SimTensor
+
+        torch.set_rng_state(state.elem if isinstance(state, SimTensor) else state.to("cpu"))
 
     def get_amp_supported_dtype(self) -> list[torch.dtype]:
         # What torch.autocast(device_type) asks a PrivateUse1 module for (torch/amp/autocast_mode.py);
