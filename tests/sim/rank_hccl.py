@@ -60,6 +60,15 @@ def main() -> None:
     r["raw_f32_avg_values"] = sorted(set(f32.cpu().tolist()))
     r["raw_int_avg"] = refusal(lambda: dist.all_reduce(torch.ones(128, dtype=torch.int64, device=dev),
                                                        op=dist.ReduceOp.AVG))
+    # bool and uint8 all-reduces: torch_npu casts them to int32 first (a bool sum is an or; uint8 wraps)
+    flags = torch.tensor([rank == 0, False, True], device=dev)
+    r["raw_bool_sum"] = refusal(lambda: dist.all_reduce(flags))
+    r["raw_bool_values"] = flags.cpu().tolist()
+    counts = torch.full((4,), 200, dtype=torch.uint8, device=dev)
+    r["raw_uint8_sum"] = refusal(lambda: dist.all_reduce(counts))
+    r["raw_uint8_values"] = counts.cpu().tolist()
+    r["raw_bool_reduce_scatter"] = refusal(lambda: dist.reduce_scatter_tensor(
+        torch.zeros(1, dtype=torch.bool, device=dev), torch.ones(world, dtype=torch.bool, device=dev)))
     b = torch.full((100,), float(rank + 1), dtype=torch.bfloat16, device=dev)
     npudist.all_reduce(b)  # npudist adapts to the active row: cast, pad
     # device type: every simulated tensor is on npu:0 whatever index made it (sim/device.py)

@@ -82,6 +82,17 @@ def test_avg_is_sum_then_divide_on_the_default_row_and_refused_on_the_strict_one
         assert r["raw_f32_avg_values"] == [float(r["chip"] + 1)]  # refused before anything moved
 
 
+def test_bool_and_uint8_all_reduce_go_through_torch_npus_int32_cast(default, strict):
+    """ProcessGroupHCCL casts kBool/kByte to kInt before HcclAllReduce and copies back; reduce-scatter has no
+    such cast, so there HCCL's own refusal stays."""
+    for ranks in (default, strict):
+        world = len(ranks)
+        for r in ranks.values():
+            assert r["raw_bool_sum"] is None and r["raw_bool_values"] == [True, False, True]
+            assert r["raw_uint8_sum"] is None and r["raw_uint8_values"] == [(200 * world) % 256] * 4
+            assert "HCCL_E_NOT_SUPPORT" in r["raw_bool_reduce_scatter"]
+
+
 def test_strict_row_refuses_with_hccl_error_names(strict):
     for r in strict.values():
         assert r["row"] == "hccl-strict"

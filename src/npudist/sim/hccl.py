@@ -49,6 +49,12 @@ _OP_NAMES = MappingProxyType({
 })
 
 
+PG_REDUCE_CAST = MappingProxyType({torch.bool: torch.int32, torch.uint8: torch.int32})
+"""Dtypes torch_npu's ProcessGroupHCCL casts before an all-reduce or reduce (ProcessGroupHCCL.cpp, allreduce /
+allreduce_coalesced / reduce / _reduce_oop: kBool and kByte become kInt, and the result is copied back), so HCCL
+sees int32: a bool sum is an or, a uint8 sum wraps modulo 256."""
+_PG_CASTING_CALLS = frozenset({"HcclAllReduce", "HcclReduce"})
+
 GLOO_CARRIER = MappingProxyType({torch.int16: torch.int32})
 """Dtypes HCCL takes that gloo cannot carry (ProcessGroupGloo's type switch has no int16: "Invalid scalar
 type"), with the wider dtype gloo moves and reduces them in; the result is cast back, exactly."""
@@ -126,8 +132,9 @@ class SimHcclGroup(dist.ProcessGroup):
                 if not t.is_contiguous():
                     SIM.counts.refused[call] += 1
                     raise RuntimeError("Tensors must be contiguous")
-                self._check_row(call, t, op)
-                out.append(self._carried(t.elem))
+                cast = PG_REDUCE_CAST.get(t.dtype) if op is not None and call in _PG_CASTING_CALLS else None
+                self._check_row(call, t, op, cast or t.dtype)
+                out.append(self._carried(t.elem, cast))
         except Exception:
             self._write_back.clear()
             self._divide.clear()
@@ -144,23 +151,24 @@ class SimHcclGroup(dist.ProcessGroup):
         self._divide.extend(t.elem for t in outputs)
         return opts
 
-    def _carried(self, held: torch.Tensor) -> torch.Tensor:
-        """The host tensor gloo moves: ``held`` itself, or a copy in GLOO_CARRIER's wider dtype whose result
-        is written back into ``held`` when the call is done."""
-        wider = GLOO_CARRIER.get(held.dtype)
+    def _carried(self, held: torch.Tensor, cast: torch.dtype | None = None) -> torch.Tensor:
+        """The host tensor gloo moves: ``held`` itself, or a copy in ``cast`` (the group's own cast) or
+        GLOO_CARRIER's wider dtype, whose result is written back into ``held`` when the call is done."""
+        wider = cast or GLOO_CARRIER.get(held.dtype)
         if wider is None:
             return held
         wide = held.to(wider)
         self._write_back.append((held, wide))
         return wide
 
-    def _check_row(self, call: str, t: torch.Tensor, op: str | None) -> None:
+    def _check_row(self, call: str, t: torch.Tensor, op: str | None, dtype: torch.dtype) -> None:
+        """``dtype``: what HCCL is handed (the tensor's, or the group's PG_REDUCE_CAST of it)."""
         # The strict row's reports concern data: torch's own integer bookkeeping (DDP's bucket-index and
         # shape broadcasts, object sizes) ran on those machines, so integer tensors meet the plain hccl row.
-        row = self.row if t.dtype.is_floating_point else HCCL
+        row = self.row if dtype.is_floating_point else HCCL
         native = "sum" if op == "avg" and row.avg_in_group else op
         allowed = row.native_dtypes(native) if native is not None else row.copy_dtypes
-        if t.dtype not in allowed:
+        if dtype not in allowed:
             what = f"reduce op {op} on {t.dtype}" if op is not None else f"data type {t.dtype}"
             self._refuse(call, HCCL_E_NOT_SUPPORT, f"{what} is not supported ({row.name} row)")
         if t.numel() % row.element_multiple:
