@@ -121,6 +121,20 @@ def test_no_server_outlives_observe_whatever_signal_ends_it(tmp_path, sig):
         proc.communicate()
 
 
+def _training(targets: Path) -> bool:
+    """Both ranks listed and serving their metrics: they joined the group and run the example's loop."""
+    if listed_targets(targets) < 2:
+        return False
+    for group in json.loads(targets.read_text()):
+        for target in group["targets"]:
+            try:
+                with urllib.request.urlopen(f"http://{target}/metrics", timeout=2):
+                    pass
+            except OSError:
+                return False
+    return True
+
+
 @needs_prometheus
 @pytest.mark.slow
 def test_ctrl_c_reaches_the_job_once_and_it_stops_cleanly_before_prometheus(tmp_path):
@@ -129,11 +143,11 @@ def test_ctrl_c_reaches_the_job_once_and_it_stops_cleanly_before_prometheus(tmp_
            str(free_port()), "--targets-file", str(targets), "examples/train_ddp.py", "--steps", "100000"]
     proc = _observe(tmp_path, port, *job)
     try:
-        end = time.monotonic() + 90
-        while listed_targets(targets) < 2 and time.monotonic() < end:
+        end = time.monotonic() + 120
+        while not _training(targets) and time.monotonic() < end:
             time.sleep(0.3)
-        assert listed_targets(targets) == 2
-        time.sleep(2)  # the ranks are training, not still starting
+        assert _training(targets), "the ranks never served their metrics"
+        time.sleep(1)  # Ctrl-C while the ranks train, not while they import torch (that prints its own traceback)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         out, _ = proc.communicate(timeout=120)
     finally:
