@@ -39,6 +39,9 @@ def main() -> None:
     r["not_simulated_npu_attr"] = outcome(lambda: torch.npu.NPUGraph)
     r["not_simulated_module"] = outcome(lambda: __import__("torch_npu.profiler"))
     r["hasattr_is_false"] = [hasattr(torch.npu, "NPUGraph"), hasattr(torch_npu, "npu_rms_norm")]
+    r["not_torch_npus"] = outcome(lambda: torch.npu.no_such_call)
+    r["simulated_extras"] = [torch.npu.is_current_stream_capturing(), torch.npu.memory_cached() >= 0,
+                             len(torch.npu.get_rng_state_all())]
 
     start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
     stream = torch.npu.Stream()

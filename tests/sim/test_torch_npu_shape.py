@@ -97,6 +97,9 @@ def test_names_not_simulated_say_so(shape):
     assert shape["not_simulated_npu_attr"].startswith("NotSimulated: not simulated: torch.npu.NPUGraph")
     assert shape["not_simulated_module"].startswith("ModuleNotFoundError: not simulated: torch_npu.profiler")
     assert shape["hasattr_is_false"] == [False, False]  # torch's own probes (hasattr) still work
+    # a name torch_npu does not have either is the ordinary error, as on torch_npu
+    assert shape["not_torch_npus"] == "AttributeError: module 'torch.npu' has no attribute 'no_such_call'"
+    assert shape["simulated_extras"] == [False, True, 1]
 
 
 def test_streams_events_and_memory_behave(shape):
@@ -142,6 +145,8 @@ def test_a_cuda_ddp_script_ported_with_transfer_to_npu_trains_unchanged_on_two_r
         assert r["autocast_dtypes"] == ["torch.float16"]  # torch.cuda.amp became torch_npu's amp
         assert r["device_name"] == f"simulated Ascend NPU (chip {rank})"
         assert r["jit_scripted"] is False  # transfer_to_npu switches torch.jit.script off
+        # a torch_npu function not simulated, reached through torch.cuda as transfer_to_npu maps it
+        assert r["cuda_graph"].startswith("NotSimulated: not simulated: torch.npu.graph_pool_handle (torch.cuda.")
         assert r["last"] < r["first"]
     assert ranks[0]["params_head"] == ranks[1]["params_head"]  # DDP kept the replicas equal
 

@@ -25,6 +25,14 @@ def scaled(x: torch.Tensor) -> torch.Tensor:
     return x * 0.5
 
 
+def refused(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def main():
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
@@ -66,6 +74,7 @@ def main():
         "autocast_dtypes": sorted(dtypes), "first": losses[0], "last": losses[-1],
         "device_name": torch.cuda.get_device_name(), "jit_scripted": isinstance(scaled, torch.jit.ScriptFunction),
         "params_sum": params.sum().item(), "params_head": params[:4].tolist(),
+        "cuda_graph": refused(lambda: torch.cuda.graph_pool_handle()),
     }) + "\n")
     sys.stdout.flush()
     dist.destroy_process_group()

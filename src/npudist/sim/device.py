@@ -45,6 +45,40 @@ class NotSimulated(AttributeError):
         self.name = name
 
 
+TORCH_NPU_NAMES = frozenset({
+    "is_initialized", "init", "set_dump", "synchronize", "device_count", "can_device_access_peer", "set_device",
+    "current_device", "get_device_name", "get_device_properties", "get_device_capability", "mem_get_info",
+    "is_available", "device", "device_of", "StreamContext", "stream", "set_stream", "current_stream",
+    "default_stream", "set_sync_debug_mode", "get_sync_debug_mode", "init_dump", "utilization", "finalize_dump",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "caching_allocator_alloc",
+    "caching_allocator_delete", "get_per_process_memory_fraction", "set_per_process_memory_fraction",
+    "empty_cache", "empty_virt_addr_cache", "memory_stats", "memory_stats_as_nested_dict",
+    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated",
+    "reset_max_memory_cached", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "max_memory_reserved", "memory_cached", "max_memory_cached", "memory_snapshot", "memory_summary", "MemPool",
+    "use_mem_pool", "get_allocator_backend", "NPUPluggableAllocator", "change_current_allocator", "Stream",
+    "Event", "set_option", "CubeMathType", "set_aoe", "set_compile_mode", "set_mm_bmm_format_nd",
+    "get_mm_bmm_format_nd", "get_npu_overflow_flag", "clear_npu_overflow_flag", "stress_detect", "get_rng_state",
+    "set_rng_state", "get_rng_state_all", "set_rng_state_all", "is_jit_compile_false", "get_amp_supported_dtype",
+    "is_autocast_enabled", "is_bf16_supported", "set_autocast_enabled", "get_autocast_dtype", "set_autocast_dtype",
+    "BoolStorage", "ByteStorage", "ShortStorage", "LongStorage", "IntStorage", "HalfStorage", "CharStorage",
+    "DoubleStorage", "FloatStorage", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
+    "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "BFloat16Tensor", "BFloat16Storage",
+    "current_blas_handle", "stop_device", "restart_device", "check_uce_in_memory", "config", "matmul", "conv",
+    "enable_deterministic_with_backward", "disable_deterministic_with_backward", "mstx", "SyncLaunchStream",
+    "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
+    "ExternalEvent", "ExternalStream", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
+    "graph_task_update_end", "set_device_limit", "get_device_limit", "set_stream_limit", "reset_stream_limit",
+    "get_stream_limit", "ipc_collect", "obfuscation_initialize", "obfuscation_finalize", "obfuscation_calculate",
+    "set_op_timeout_ms", "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "set_deterministic_level",
+    "use_compatible_impl", "are_compatible_impl_enabled", "NpuGraphOpHandler", "register_npu_graph_handler",
+    "super_kernel_scope_begin", "super_kernel_scope_end", "npurt",
+})
+"""``__all__`` of torch_npu/npu/__init__.py (Ascend/pytorch 9e73e708, 2026-08): the public names of ``torch.npu``.
+One the simulation lacks raises NotSimulated; any other name is an ordinary AttributeError, as on torch_npu."""
+
+
 SIM_TOTAL_MEMORY = 64 * 1024**3
 """What the simulated chip reports as its memory: an Atlas 800T A2's 64 GiB of HBM (its datasheet)."""
 
@@ -205,11 +239,11 @@ class SimDeviceModule(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names neither the instance nor the class has.
-        if name.startswith("__") or name in ("_is_compiled", "_lazy_init"):
-            if name == "_lazy_init":
-                return lambda: None
-            raise AttributeError(name)
-        raise NotSimulated(f"torch.npu.{name}")
+        if name == "_lazy_init":
+            return lambda: None
+        if name in TORCH_NPU_NAMES:
+            raise NotSimulated(f"torch.npu.{name}")
+        raise AttributeError(f"module 'torch.npu' has no attribute '{name}'")
 
     def __repr__(self) -> str:
         return "<module 'torch.npu' (npudist's simulated NPU)>"
@@ -268,6 +302,45 @@ class SimDeviceModule(types.ModuleType):
     def is_jit_compile_false(self) -> bool:
         return not getattr(self, "jit_compile", False)
 
+    def init(self) -> None:
+        return None
+
+    def ipc_collect(self) -> None:
+        return None
+
+    def is_current_stream_capturing(self) -> bool:
+        return False  # there are no graphs to capture (NPUGraph is not simulated)
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [self.get_rng_state()]
+
+    def set_rng_state_all(self, states: list[torch.Tensor]) -> None:
+        self.set_rng_state(states[0])
+
+    def set_per_process_memory_fraction(self, fraction: float, device: Any = None) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self._fraction = fraction
+
+    def get_per_process_memory_fraction(self, device: Any = None) -> float:
+        return getattr(self, "_fraction", 1.0)
+
+    def is_autocast_enabled(self) -> bool:
+        return torch.is_autocast_enabled(DEVICE_TYPE)
+
+    def set_autocast_enabled(self, enabled: bool) -> None:
+        torch.set_autocast_enabled(DEVICE_TYPE, enabled)
+
+    def get_autocast_dtype(self) -> torch.dtype:
+        return torch.get_autocast_dtype(DEVICE_TYPE)
+
+    def set_autocast_dtype(self, dtype: torch.dtype) -> None:
+        torch.set_autocast_dtype(DEVICE_TYPE, dtype)
+
+    def memory_summary(self, device: Any = None, abbreviated: bool = False) -> str:
+        return (f"simulated NPU memory: {self.memory_allocated(device)} bytes allocated, "
+                f"{self.memory_reserved(device)} bytes reserved (peak)")
+
     def memory_stats(self, device: Any = None) -> dict[str, int]:
         allocated, reserved = self.memory_allocated(device), self.memory_reserved(device)
         return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": reserved,
@@ -315,6 +388,17 @@ class SimDeviceModule(types.ModuleType):
 
     def max_memory_allocated(self, device: Any = None) -> int:
         return self.memory_reserved(device)
+
+    def reset_max_memory_allocated(self, device: Any = None) -> None:
+        self.reset_peak_memory_stats(device)
+
+    reset_max_memory_cached = reset_max_memory_allocated
+
+    def memory_cached(self, device: Any = None) -> int:
+        return self.memory_reserved(device)
+
+    def max_memory_cached(self, device: Any = None) -> int:
+        return self.max_memory_reserved(device)
 
     def max_memory_reserved(self, device: Any = None) -> int:
         # Host memory is handed back when a tensor dies: nothing is cached, so reserved is the peak in use.

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.utils._device
 
-from npudist.sim.device import SIMULATED
+from npudist.sim.device import SIMULATED, TORCH_NPU_NAMES, NotSimulated
 from npudist.sim.state import SIM
 from npudist.sim.tensor import DEVICE_TYPE
 
@@ -114,10 +114,23 @@ def _jit_off(obj: Any = None, *args: Any, **kwargs: Any) -> Any:
     return obj
 
 
+def _not_simulated(name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NotSimulated(f"torch.npu.{name} (torch.cuda.{name} after transfer_to_npu)")
+
+    call.__name__ = name
+    return call
+
+
 def _cuda_onto_npu() -> None:
     for name in SIMULATED:
         if name not in ("amp", "utils"):  # torch.cuda.amp keeps its module; its names are replaced below
             setattr(torch.cuda, name, getattr(torch.npu, name))
+    # Huawei's copies every name of torch_npu.npu's __all__ onto torch.cuda; a function the simulation lacks says
+    # so when called, instead of running CUDA's (classes and tensor types keep torch.cuda's, for isinstance).
+    for name in sorted(TORCH_NPU_NAMES - set(SIMULATED)):
+        if name[0].islower():
+            setattr(torch.cuda, name, _not_simulated(name))
     _wrap_names(torch.cuda, CUDA_FUNCTIONS)
     for name in torch.npu.amp.__all__:
         setattr(torch.cuda.amp, name, getattr(torch.npu.amp, name))
