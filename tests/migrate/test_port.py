@@ -192,8 +192,21 @@ def test_a_gate_on_the_accelerator_count_is_kept_for_accelerators_only() -> None
     """)
     assert 'if npudist.accelerator().device_type != "cpu" and not verify_min_gpu_count(min_gpus=2):' in out.code
     assert "device_id" not in out.code and "npudist.init()" in out.code
+    assert [f.detail for f in out.applied if f.rule == "process-group-setup"] == \
+        ["backend chosen at run time; device_id dropped: npudist.init() sets the device"]
     assert [f.rule for f in out.applied if f.rule == "device-gate"] == ["device-gate"]
     assert _fix(out.code).applied == ()  # the gate as written by fix is not reported again
+
+
+def test_a_device_mesh_on_cuda_is_on_the_ranks_device_type() -> None:
+    out = _fix("""
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cuda", (2,), mesh_dim_names=("dp",))
+        tp = init_device_mesh(device_type="cuda", mesh_shape=(2,))
+    """)
+    assert 'mesh = init_device_mesh(npudist.accelerator().device_type, (2,), mesh_dim_names=("dp",))' in out.code
+    assert "tp = init_device_mesh(device_type=npudist.accelerator().device_type, mesh_shape=(2,))" in out.code
+    assert out.left == ()
 
 
 def _run_fixed(tmp_path: Path, simulate: str | None) -> str:

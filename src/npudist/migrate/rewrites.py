@@ -28,7 +28,10 @@ CUDA_INDEX = re.compile(r"cuda(?::(\d+))?")
 # Names that hold a device *index* in CUDA scripts (.to(local_rank), .to(self.gpu_id)).
 INDEX_NAME = re.compile(r"(rank|gpu|device_id|dev_id|^local)", re.IGNORECASE)
 # Calls whose first positional argument is a device or a device type.
-DEVICE_FIRST_ARG = frozenset({"torch.device", "torch.autocast", "torch.amp.autocast", "torch.amp.GradScaler"})
+DEVICE_FIRST_ARG = frozenset({"torch.device", "torch.autocast", "torch.amp.autocast", "torch.amp.GradScaler",
+                              # a DTensor/FSDP2 mesh's device type: init_device_mesh("cuda", (world,))
+                              "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.init_device_mesh",
+                              "torch.distributed.device_mesh.DeviceMesh", "torch.distributed.DeviceMesh"})
 FIXED_DEVICE_CALLS: Mapping[str, Rewrite] = MappingProxyType({
     # set_device(local_rank) is what npudist.init() does first (then it starts the group).
     "set_device": lambda call: cst.Call(cst.Name(SET_DEVICE_MARK)),

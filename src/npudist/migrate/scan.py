@@ -332,12 +332,14 @@ class _Visitor(cst.CSTVisitor):
         if backend is not None:
             self._claimed.add(id(backend.value))
         fix = backend_only if keeps_layout(node) else npudist_init
+        # device_id binds the group to a device and connects eagerly: a CPU device is refused (rewrites.py)
+        bound = "; device_id dropped: npudist.init() sets the device" if kw_arg(node, "device_id") else ""
         if value == "nccl" or backend is None:
             detail = "backend 'nccl'" if value else "no backend: torch guesses from the tensors' device"
-            self._add("init-process-group", node, detail=detail, fix=fix)
+            self._add("init-process-group", node, detail=detail + bound, fix=fix)
         else:
             detail = f"backend {value!r}" if value else "backend chosen at run time"
-            self._add("process-group-setup", node, detail=detail, fix=fix)
+            self._add("process-group-setup", node, detail=detail + bound, fix=fix)
 
     def _ddp(self, node: cst.Call) -> None:
         module = kw_arg(node, "module") or nth_arg(0, node)
