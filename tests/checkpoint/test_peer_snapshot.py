@@ -7,6 +7,7 @@ runs under torchrun are in test_peer_restart.py.
 import hashlib
 import io
 import threading
+import time
 
 import pytest
 import torch
@@ -199,3 +200,64 @@ def test_the_exporter_shows_the_copy_s_age_size_blocking_time_and_recoveries(run
     assert f'npudist_recoveries_total{{{rank},source="local-memory"}} 1.0' in text
     assert f'npudist_recoveries_total{{{rank},source="disk"}} 0.0' in text
     assert "npudist_peer_snapshot_blocking_seconds_total" in text
+
+
+def test_the_step_waits_only_for_a_consistent_view_of_what_the_optimizer_changes(runtime, tmp_path, monkeypatch):
+    """The parameters and optimizer state are cloned off the training loop: snapshot() returns before they
+    are copied, the next optimizer step waits for that copy (counted as blocking), and the copy holds the
+    values of the snapshot's step. A buffer, which a forward may change, is copied before snapshot() returns."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def train_step():
+        opt.zero_grad()
+        model(torch.randn(16, 8)).square().mean().backward()
+        opt.step()
+
+    slow = peer_mod.clone_deferred
+
+    def slow_clone(staged, deferred):
+        time.sleep(0.5)
+        return slow(staged, deferred)
+
+    monkeypatch.setattr(peer_mod, "clone_deferred", slow_clone)
+    with serving("127.0.0.1", secret=SECRET) as server:
+        p = _sender(server.address)
+        train_step()  # the optimizer steps once before the first snapshot: the sender knows it from then on
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        exp_avg = opt.state[model[0].weight]["exp_avg"].clone()
+        held = p.snapshot({"model": model.state_dict(), "optim": opt.state_dict()}, 5)
+        assert held < 0.4  # returned before the half-second copy of the parameters
+        model[1].running_mean.add_(100.0)  # a buffer changes at once (as a forward's would): already copied
+        train_step()  # waits for the copy, then changes parameters and optimizer state
+        assert p._sent.wait(30)
+        assert p.stats.blocking_seconds >= 0.3
+        found = peer_mod.restore(tmp_path, p)
+    assert found.step == 5
+    for k, v in expected.items():
+        assert torch.equal(found.state["model"][k], v), k
+    assert torch.equal(found.state["optim"]["state"][0]["exp_avg"], exp_avg)
+    assert not torch.equal(model[0].weight, expected["0.weight"])  # the step did run afterwards
+
+
+def test_a_slow_holder_holds_no_step_and_piles_up_no_copies(runtime):
+    """While one copy is being sent, the newest copy waits (one at most): older waiting ones are dropped and
+    counted as skipped, and the holder ends with the first and the newest."""
+    with serving("127.0.0.1", secret=SECRET) as server:
+        p = _sender(server.address)
+        gate, put = threading.Event(), p._put
+        p._put = lambda *a: (gate.wait(30), put(*a))
+        p.snapshot(_state(1), 1)
+        deadline = time.monotonic() + 10
+        while (p._waiting is not None or p._in_flight != 1 or not p._free.is_set()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the writer took step 1 and waits on the holder
+        try:
+            for step in (2, 3, 4):
+                assert p.snapshot(_state(step), step) < 5
+                while (p._waiting or (0,))[0] != step and time.monotonic() < deadline:
+                    time.sleep(0.01)  # serialised, hashed and waiting for the writer
+            assert p._waiting[0] == 4 and p.stats.skipped == 2 and p._in_flight == 2
+        finally:
+            gate.set()
+        assert p._sent.wait(30)
+        assert [s for s, _, _ in server.holder.listing(0, 1)] == [1, 4] and p.stats.last_step == 4

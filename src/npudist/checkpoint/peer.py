@@ -1,8 +1,10 @@
 """In-memory peer snapshots and the restart path that picks the freshest verified copy.
 
 Every K steps a rank stages its state into host memory (the async checkpoint's HostStaging, so device
-state is copied the way ``host_copy`` copies it), and the checkpoint writer's thread serialises it,
-hashes it and sends it to the holder of its partner's node (peer_holder.py) and to its own node's. The partner is
+state is copied the way ``host_copy`` copies it); the host tensors an optimizer owns are cloned on a stager
+thread instead, and every optimizer's next step waits for that clone (the step waits for a consistent
+view, not for the send). The stager serialises and hashes the copy, and the checkpoint writer's thread
+sends it to the holder of its partner's node (peer_holder.py) and to its own node's. The partner is
 ``(rank + local_world_size) % world``: a rank of the next node, so one lost node never takes both a
 rank and its copy; on a single node it is the rank itself and the copy sits in this node's holder,
 which outlives torchrun's worker restarts.
@@ -22,14 +24,17 @@ import logging
 import os
 import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from npudist.checkpoint import peer_auth
 from npudist.checkpoint.peer_holder import KEEP, request
-from npudist.checkpoint.staging import HostStaging
+from npudist.checkpoint.staging import HostStaging, clone_deferred
 from npudist.checkpoint.store import list_checkpoints, load_latest
 from npudist.checkpoint.writer import CheckpointError, writer
 from npudist.comm import control
@@ -84,8 +89,20 @@ class PeerSnapshots:
         self._staging = HostStaging()
         self._lock = threading.Lock()
         self._sent = threading.Event()
+        """Set when no copy is in the pipeline (being serialised, waiting or being sent)."""
         self._sent.set()
+        self._in_flight = 0
+        self._free = threading.Event()
+        """Set when the staging buffers may take the next copy (the previous one is serialised)."""
+        self._free.set()
+        self._waiting: tuple[int, str, bytes] | None = None
+        self._viewed = threading.Event()
+        """Clear while the copy of the optimizers' tensors is being made off the training loop."""
+        self._viewed.set()
         self._step = self._start = 0
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._stager = ThreadPoolExecutor(1, thread_name_prefix="npudist-peer-stage")
+        self._hook = register_optimizer_step_pre_hook(self._before_step)
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a snapshot step; called every step, it also keeps the copy's age in steps."""
@@ -101,30 +118,119 @@ class PeerSnapshots:
 
     def snapshot(self, state: Any, step: int) -> float:
         """Stage ``state`` now and send it to the partner's holder in the background; returns the seconds
-        the caller was held. A failed send is logged and counted; training goes on (disk remains)."""
+        the caller was held. A failed send is logged and counted; training goes on (disk remains).
+
+        What holds the loop: staging what an optimizer does not own (device state into the reused host
+        buffers, buffers such as BatchNorm's, which a forward changes), and, at the next optimizer step, any
+        rest of the copy of the host tensors the optimizers own (_before_step). Cloning those, serialising
+        and hashing run on the stager thread; sending on the writer's."""
         began = time.perf_counter()
-        if not self._sent.is_set():
-            # The staging buffers are reused, so the previous copy must be sent first; a slow or unreachable
-            # holder must not hold training, so this snapshot is skipped (the copy ages) instead of waited for.
+        if not self._free.is_set():
+            # The staging buffers are reused, so the previous copy must be serialised first; the loop never
+            # waits for that, so this snapshot is skipped (the copy ages one interval) instead.
             with self._lock:
                 self.stats.skipped += 1
-            log.warning("peer snapshot of step %d skipped: the previous copy is still being sent to %s", step,
-                        self.partner_holder)
+            log.warning("peer snapshot of step %d skipped: the previous copy is still being serialised", step)
             return time.perf_counter() - began
-        staged = self._staging.stage(state)
-        self._sent.clear()
-        writer().submit(lambda: self._send(staged, step))
+        owned = self._owned()
+        deferred: set[int] = set()
+
+        def defer(t: torch.Tensor) -> bool:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr and ptr in owned:
+                deferred.add(id(t))
+                return True
+            return False
+
+        staged = self._staging.stage(state, defer=defer if owned else None)
+        self._free.clear()
+        self._busy(+1)
+        if deferred:
+            self._viewed.clear()
+        self._stager.submit(self._serialise, staged, deferred, step)
         held = time.perf_counter() - began
         with self._lock:
             self.stats.blocking_seconds += held
         return held
 
-    def _send(self, staged: Any, step: int) -> None:
+    def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """Runs before every optimizer's step (torch's global pre-hook): remembers the optimizer, and waits for
+        the copy of the tensors the step is about to change; the wait counts as blocking time."""
+        self._optimizers.add(optimizer)
+        if not self._viewed.is_set():
+            began = time.perf_counter()
+            self._viewed.wait()
+            with self._lock:
+                self.stats.blocking_seconds += time.perf_counter() - began
+
+    def _owned(self) -> set[int]:
+        """Storages of the host tensors of the optimizers that stepped: their parameters and state."""
+        out: set[int] = set()
+        for opt in list(self._optimizers):
+            tensors = [p for g in opt.param_groups for p in g["params"]]
+            tensors += [v for st in opt.state.values() if isinstance(st, dict) for v in st.values()]
+            out.update(t.untyped_storage().data_ptr() for t in tensors
+                       if isinstance(t, torch.Tensor) and t.device.type == "cpu")
+        out.discard(0)
+        return out
+
+    def _busy(self, delta: int) -> None:
+        """Copies in the pipeline (being serialised, queued or being sent); ``_sent`` is set at none."""
+        with self._lock:
+            self._in_flight += delta
+            if self._in_flight:
+                self._sent.clear()
+            else:
+                self._sent.set()
+
+    def _serialise(self, staged: Any, deferred: set[int], step: int) -> None:
+        """On the stager thread: clone what the optimizers own (then they may step), serialise, hash, and
+        hand the bytes to the writer's thread; the staging buffers are free again from then on."""
+        handed = False
         try:
+            if deferred:
+                staged = clone_deferred(staged, deferred)
+                self._viewed.set()
             buf = io.BytesIO()
             torch.save(staged, buf)
             payload = buf.getvalue()
-            digest = hashlib.sha256(payload).hexdigest()
+            del staged
+            self._free.set()
+            handed = self._queue(step, hashlib.sha256(payload).hexdigest(), payload)
+        except Exception as exc:  # a lost copy costs recovery time, never the healthy job
+            with self._lock:
+                self.stats.failures += 1
+            log.warning("peer snapshot of step %d not taken: %s: %s", step, type(exc).__name__, exc)
+        finally:
+            self._viewed.set()
+            self._free.set()
+            if not handed:
+                self._busy(-1)
+
+    def _queue(self, step: int, digest: str, payload: bytes) -> bool:
+        """Hand a copy to the writer's thread; the newest waits there, one at most: a copy still waiting
+        when a newer one comes is dropped (counted as skipped), so a slow holder never piles copies up.
+        True when a new send job took over this copy's place in the pipeline count."""
+        with self._lock:
+            replaced = self._waiting is not None
+            self._waiting = (step, digest, payload)
+            if replaced:
+                self.stats.skipped += 1
+        if replaced:
+            return False  # the send job already queued takes this newer copy instead
+        try:
+            writer().submit(self._send)
+        except BaseException:
+            with self._lock:
+                self._waiting = None
+            raise
+        return True
+
+    def _send(self) -> None:
+        with self._lock:
+            step, digest, payload = self._waiting
+            self._waiting = None
+        try:
             # The partner's node first (it survives this node), then this node's own holder, which keeps the
             # copy for this rank's restart when the partner's node is the one lost.
             for i, address in enumerate(dict.fromkeys([self.partner_holder, self.local_holder])):
@@ -141,7 +247,7 @@ class PeerSnapshots:
                         self.stats.snapshots += 1
                         self.stats.last_step, self.stats.bytes = step, len(payload)
         finally:
-            self._sent.set()
+            self._busy(-1)
 
     def _put(self, address: str, step: int, digest: str, payload: bytes) -> None:
         reply, _ = request(address, {"op": "put", "owner": self.rank, "world": self.world, "step": step,
@@ -150,7 +256,10 @@ class PeerSnapshots:
             raise CheckpointError(f"holder {address} refused step {step}: {reply.get('error')}")
 
     def close(self) -> None:
+        self._viewed.wait()
         self._sent.wait()
+        self._stager.shutdown(wait=True)
+        self._hook.remove()
         self._staging.close()
 
 

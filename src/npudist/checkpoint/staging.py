@@ -37,9 +37,11 @@ class HostStaging:
         self.allocations = 0
         """How many times buffers were (re)allocated: once per new layout."""
 
-    def stage(self, state: Any) -> Any:
+    def stage(self, state: Any, *, defer: Callable[[torch.Tensor], bool] | None = None) -> Any:
         """A copy of ``state`` that training can no longer change: containers rebuilt, device tensors in
-        the reused host buffers, host tensors cloned, everything else deep-copied."""
+        the reused host buffers, host tensors cloned, everything else deep-copied. Host tensors for which
+        ``defer`` answers True stay the caller's own (not cloned): the caller clones them before anything
+        may change them (peer.py, off the training loop's critical path)."""
         device_tensors: dict[int, torch.Tensor] = {}
         _collect(state, self._needs_copy or on_device, device_tensors)
         sources = list(device_tensors.values())
@@ -49,8 +51,8 @@ class HostStaging:
             self._layout = layout
             self.allocations += 1
         _copy_all(sources, self._buffers)
-        memo = {id(t): buf for t, buf in zip(sources, self._buffers, strict=True)}
-        return _rebuild(state, memo)
+        memo: dict[int, Any] = {id(t): buf for t, buf in zip(sources, self._buffers, strict=True)}
+        return _rebuild(state, memo, defer)
 
     def close(self) -> None:
         self._buffers, self._layout = [], None
@@ -104,18 +106,48 @@ def _copy_all(sources: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
     done.synchronize()
 
 
-def _rebuild(obj: Any, memo: dict[int, Any]) -> Any:
+def _rebuild(obj: Any, memo: dict[int, Any], defer: Callable[[torch.Tensor], bool] | None = None) -> Any:
     if isinstance(obj, torch.Tensor):
         if id(obj) not in memo:  # host tensors: a clone (0.3 ms, where staging is 160+ ms); others: to the host
-            memo[id(obj)] = obj.detach().clone() if obj.device.type == "cpu" else obj.detach().to("cpu", copy=True)
+            if obj.device.type == "cpu" and defer is not None and defer(obj):
+                memo[id(obj)] = obj
+            else:
+                memo[id(obj)] = obj.detach().clone() if obj.device.type == "cpu" else \
+                    obj.detach().to("cpu", copy=True)
         return memo[id(obj)]
     if isinstance(obj, dict):
         out = copy.copy(obj)  # keeps the class and attributes (a state_dict's _metadata)
         for k, v in obj.items():
-            out[k] = _rebuild(v, memo)
+            out[k] = _rebuild(v, memo, defer)
         return out
     if isinstance(obj, list):
-        return [_rebuild(v, memo) for v in obj]
+        return [_rebuild(v, memo, defer) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_rebuild(v, memo) for v in obj)
+        return tuple(_rebuild(v, memo, defer) for v in obj)
     return copy.deepcopy(obj)
+
+
+def clone_deferred(obj: Any, deferred: set[int]) -> Any:
+    """``obj`` (what ``stage`` returned) with each tensor whose id is in ``deferred`` replaced by its clone;
+    containers are rebuilt, everything else is kept (it is already the staged copy's own)."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            if id(o) in deferred:
+                if id(o) not in memo:  # aliases stay aliases
+                    memo[id(o)] = o.detach().clone()
+                return memo[id(o)]
+            return o
+        if isinstance(o, dict):
+            out = copy.copy(o)
+            for k, v in o.items():
+                out[k] = walk(v)
+            return out
+        if isinstance(o, list):
+            return [walk(v) for v in o]
+        if isinstance(o, tuple):
+            return tuple(walk(v) for v in o)
+        return o
+
+    return walk(obj)
