@@ -262,7 +262,11 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
     after = rank_states.abort_after([rank_states.STUCK] if inside else list(states.values()),
                                     stuck_s=stuck_s, busy_s=busy_s)
     top_rec = next((good[r] for r in found.waiting if r in good), None)
-    in_call = f"{top_rec.op} #{found.top}" if top_rec else f"collective #{found.top}"
+    # The call the waiting ranks are in: where they all sit at one number (which may be past the first call the
+    # culprits never reached, found.top), that number.
+    sitting = {position(good[r], found.group) for r in found.waiting if r in good}
+    number = sitting.pop() if len(sitting) == 1 else found.top
+    in_call = f"{top_rec.op} #{number}" if top_rec else f"collective #{number}"
     if group is not None:
         in_call += f" on {group.label}"
     elif found.group:

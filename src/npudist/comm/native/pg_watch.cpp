@@ -9,8 +9,10 @@
 // atomic increments; the watchdog thread reads the counters once a period (snapshot()).
 //
 // Per group: calls entered and completed (point-to-point apart, since only two ranks of a group take part
-// in one), the last op, its payload bytes and when it started. Nested calls (a functional collective's own
-// c10d call) run below autograd and are not counted twice.
+// in one), the last op, its payload bytes and when it started. A functional collective is counted as the
+// c10d call it makes, once; calls made inside a tensor subclass's __torch_dispatch__ (DTensor's own
+// redistributions, an AsyncCollectiveTensor's wait) run with every key above the backend's excluded and are
+// not seen here.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -82,12 +84,16 @@ std::string group_name(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   return "unnamed";
 }
 
+// Keyed by the ProcessGroup itself: the IValue around it is a new object at every boxed call, so its
+// address is reused by other groups' calls. A group destroyed mid-job may hand its address to a new one;
+// reset() (the Runtime's close) forgets them all.
 int64_t slot_for_pg(const c10::IValue& iv) {
-  const void* key = iv.internalToPointer();
+  auto pg = iv.toCustomClass<c10d::ProcessGroup>();
+  const void* key = pg.get();
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_by_pg.find(key);
   if (it != g_by_pg.end()) return it->second;
-  int64_t slot = slot_for_name_locked(group_name(iv.toCustomClass<c10d::ProcessGroup>()));
+  int64_t slot = slot_for_name_locked(group_name(pg));
   g_by_pg.emplace(key, slot);
   return slot;
 }
@@ -154,6 +160,13 @@ void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
 
 void watch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const OpInfo info = op_info(op);
+  if (info.kind == kFunctional) {
+    // A functional collective issues its c10d op on the spot and keeps the Work for wait_tensor: that c10d
+    // call, let through to this kernel (autograd keys not excluded), is counted with its group and its
+    // completion, so the collective stays in flight until its Work is done, wherever it is waited for.
+    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+    return;
+  }
   if (info.kind == kWait) {
     g_waits.fetch_add(1, std::memory_order_relaxed);
     try {
@@ -167,13 +180,11 @@ void watch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   }
   int64_t slot = -1;
   int64_t bytes = 0;
-  std::string name_arg;
   for (const c10::IValue& iv : *stack) {
     bytes += tensor_bytes(iv);
     if (slot < 0 && is_class(iv, "__torch__.torch.classes.c10d.ProcessGroup")) slot = slot_for_pg(iv);
-    if (iv.isString()) name_arg = iv.toStringRef();
   }
-  if (slot < 0) slot = slot_for_name(info.kind == kFunctional && !name_arg.empty() ? name_arg : "unnamed");
+  if (slot < 0) slot = slot_for_name("unnamed");
   const bool p2p = info.kind == kP2P;
   Slot& s = g_slots[slot];
   if (p2p) {
@@ -192,17 +203,14 @@ void watch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     finish(slot, p2p);
     throw;
   }
-  // A functional collective's completion is its wait_tensor (counted apart); a c10d op's is its Work.
-  if (info.kind != kFunctional) {
-    for (const c10::IValue& iv : *stack) {
-      if (is_class(iv, "__torch__.torch.classes.c10d.Work")) {
-        try {
-          auto work = iv.toCustomClass<c10d::Work>();
-          work->getFuture()->addCallback([slot, p2p](c10::ivalue::Future&) { finish(slot, p2p); });
-          return;
-        } catch (...) {
-          break;  // a backend without futures: counted as completed at once
-        }
+  for (const c10::IValue& iv : *stack) {
+    if (is_class(iv, "__torch__.torch.classes.c10d.Work")) {
+      try {
+        auto work = iv.toCustomClass<c10d::Work>();
+        work->getFuture()->addCallback([slot, p2p](c10::ivalue::Future&) { finish(slot, p2p); });
+        return;
+      } catch (...) {
+        break;  // a backend without futures: counted as completed at once
       }
     }
   }
