@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, child_env, free_port
+from tests.conftest import REPO, child_env, free_port, run_npudist
 
 pytestmark = pytest.mark.slow
 LINE = re.compile(r"^step=(\d+) samples/s=[\d.]+ done=(\d+)/(\d+) elapsed=(\S+) eta=(\S+) world=2 "
@@ -115,3 +115,17 @@ def test_ctrl_c_ends_a_plain_loop_with_one_line_from_rank_0(tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("interrupted")]
     assert len(lines) == 1 and re.fullmatch(r"interrupted at step [1-9]\d*; last checkpoint none", lines[0]), out
     assert "Traceback" not in err and "summary:" not in out, err[-3000:]
+
+
+def test_a_rank_with_slow_batches_is_named_with_cause_data(tmp_path):
+    """The DataLoader's __next__ is each step's data time: a rank whose samples take 15 ms a batch to load is
+    the straggler, and the cause is its data, by about those 15 ms a step. 320 steps: 16 windows, as a
+    2-rank detector learns its noise over the first several (it flagged at windows 7 to 10 here)."""
+    done = run_npudist(["launch", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
+                        "tests/examples/plain_loop.py", "--samples", "5120", "--epochs", "1",
+                        "--slow-data-rank", "1", "--slow-data-ms", "15"], env=child_env(), timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = re.search(r"^straggler: rank 1 .* works ([\d.]+)x .*; cause: data \(it waits for data before the "
+                     r"forward, \+([\d.]+) s/step\)", done.stderr, re.M)  # rank 0 logs it, on stderr
+    assert line, done.stderr[-3000:] + done.stdout[-1500:]
+    assert float(line.group(1)) > 3 and 0.01 < float(line.group(2)) < 0.1, line.group(0)
