@@ -284,7 +284,7 @@ def test_fixed_fine_tune_reports_its_device_and_keeps_bf16_autocast(tmp_path: Pa
     names = re.findall(r"rank \d on (.+?): [\d.]+ GiB, ([\d.]+) GiB free of ([\d.]+)", r.stdout)
     assert len(names) == 2, r.stdout
     # two ranks share one pipe: a line may run into the next rank's, so each field is matched by its form
-    steps = re.findall(r"rank (\d) step (\d+) loss ([\d.]+) logits (torch\.[a-z0-9]+)", r.stdout)
+    steps = re.findall(r"rank (\d) step (\d+) loss ([\d.]+) logits (torch\.(?:bfloat16|float16|float32))", r.stdout)
     assert len(steps) == 24, r.stdout
     by_step = {}
     for _rank, step, loss, dtype in steps:
