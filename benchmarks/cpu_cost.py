@@ -323,8 +323,10 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-BUDGET_RATIO = 1.02
-BUDGET_PER_BUCKET = 30_000
+BUDGET_RATIO = 1.005
+BUDGET_PER_BUCKET = 10_000
+"""npudist.ddp against plain DDP, both under npudist.init() (so the process-group watch counts both's buckets;
+its own cost is benchmarks/pg_watch_cost.py's): issue 42's budget."""
 BUDGET_TIMER = 0.01
 
 

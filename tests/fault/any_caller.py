@@ -9,7 +9,8 @@
 - ``subgroups``: default-group all-reduces with, in between, all-reduces on a subgroup of ranks 0 and 1 that
   rank 2 is not in (``dist.new_group``), the pattern of every pipeline or expert-parallel job.
 
-Each calls ``npudist.init()`` once, as a ported script does, and nothing else of npudist. A fault is planted on
+Each calls ``npudist.init()`` once, as a ported script does, and nothing else of npudist but ``npudist.step()``
+in the loops that have no optimizer to mark their steps. A fault is planted on
 one rank at one step: ``stop`` (SIGSTOP to itself), ``gil SECONDS`` (libc sleep through ctypes.PyDLL, which
 keeps the GIL: the process sleeps, its watchdog thread cannot run) or ``busy SECONDS`` (rank 0 evaluates while
 the others wait). Prints ``FAULT kind rank=R step=S time=T`` before the fault and ``DONE step=N`` at the end.
@@ -55,6 +56,8 @@ class ToyModel(nn.Module):
 
 
 def fault(args: argparse.Namespace, rank: int, step: int) -> None:
+    if rank == args.slow_rank:
+        time.sleep(args.slow_ms / 1000)  # a slower card: the same extra time every step
     if args.fault is None or rank != args.fault_rank or step != args.fault_step:
         return
     print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f}", flush=True)
@@ -76,6 +79,8 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=20)
     p.add_argument("--fault-seconds", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=None, help="this rank waits --slow-ms more every step")
+    p.add_argument("--slow-ms", type=float, default=0.0)
     args = p.parse_args()
     npudist.init()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -90,6 +95,7 @@ def main() -> None:
                 dist.all_reduce(t, group=sub)
                 dist.all_reduce(t, group=sub)
             time.sleep(0.01)
+            npudist.step()  # no optimizer marks the step here: the one call a loop without one makes
     else:
         from torch.distributed.device_mesh import init_device_mesh
 

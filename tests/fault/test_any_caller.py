@@ -27,8 +27,8 @@ SCRIPT = str(REPO / "tests" / "fault" / "any_caller.py")
 
 def _launch(tmp_path, nproc: int, args: list[str], env: dict[str, str] | None = None):
     start = time.monotonic()
-    proc = run_npudist(["launch", "--nproc-per-node", str(nproc), SCRIPT, *args],
-                       env=child_env({"NPUDIST_RUN_DIR": str(tmp_path), **(env or {})}), timeout=LIMIT_S)
+    proc = run_npudist(["launch", "--nproc-per-node", str(nproc), "--run-dir", str(tmp_path), SCRIPT, *args],
+                       env=child_env(env), timeout=LIMIT_S)
     elapsed = time.monotonic() - start
     time.sleep(1)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if SCRIPT in " ".join(p.info["cmdline"] or [])]
@@ -84,3 +84,20 @@ def test_subgroup_collectives_between_default_group_calls_never_make_a_waiting_r
     assert lines and all(ln.startswith("npudist busy:") for ln in lines), lines
     assert "rank(s) 0 never reached it" in lines[0] and "live and busy" in lines[0]
     assert "out of order" not in text
+
+
+@pytest.mark.parametrize(("kind", "slow_ms", "steps"), [
+    ("raw", 4.0, 120),  # a ~12 ms step (10 ms of work and an all_reduce): about 1.3x
+    ("fsdp2", 40.0, 120),  # a ~130 ms step on 4 ranks of this host: about 1.3x
+])
+def test_a_slower_rank_is_named_the_straggler_whoever_issues_the_collectives(tmp_path, kind, slow_ms, steps):
+    """Without npudist.ddp the step timer's wait is the time the rank had any collective in flight (the
+    process-group watch): the fast ranks wait there for the slow one, so skew compares work and names it."""
+    proc, text, _elapsed, _left = _launch(tmp_path, 4, [kind, "--steps", str(steps), "--slow-rank", "3",
+                                                        "--slow-ms", str(slow_ms)])
+    # npudist launch --run-dir starts the loop's step timer, skew windows of 20 steps and the straggler lines.
+    assert proc.returncode == 0, text[-4000:]
+    flagged = re.findall(r"straggler: rank (\d+) \(.*?\) works ([\d.]+)x the median .*? over steps (\d+)-(\d+)", text)
+    assert flagged, text[-3000:]
+    rank, ratio, _first, last = flagged[0]
+    assert rank == "3" and float(ratio) > 1.15 and int(last) <= 60, flagged  # within 3 windows of 20 steps

@@ -84,6 +84,8 @@ class WatchSnapshot:
     waits: int
     """Functional collectives' waits in progress (wait_tensor): the rank is waiting inside one."""
     groups: tuple[GroupCount, ...] = field(default_factory=tuple)
+    busy_s: float = 0.0
+    """Seconds during which at least one collective was in flight on this rank, since the watch was loaded."""
 
     @property
     def waiting(self) -> bool:
@@ -106,7 +108,7 @@ def _op_name(raw: str) -> str:
 def parse(table: torch.Tensor, names: list[str], ops: list[str]) -> WatchSnapshot:
     """The kernel's counters (``snapshot()``'s int64 table: a header row, then one row per group) as records."""
     rows = table.tolist()
-    head = rows[0] if rows else [0, -1, 0, 0]
+    head = rows[0] if rows else [0, -1, 0, 0, 0]
     groups = []
     for i, row in enumerate(rows[1:]):
         entered, done, p_in, p_done, op, nbytes, since_ns = row[:7]
@@ -114,12 +116,18 @@ def parse(table: torch.Tensor, names: list[str], ops: list[str]) -> WatchSnapsho
                                  p2p_entered=p_in, p2p_done=p_done,
                                  op=_op_name(ops[op]) if 0 <= op < len(ops) else "", nbytes=nbytes,
                                  since=since_ns / 1e9))
-    return WatchSnapshot(total=head[0], waits=head[2], groups=tuple(groups))
+    return WatchSnapshot(total=head[0], waits=head[2], groups=tuple(groups), busy_s=head[4] / 1e9)
 
 
 def snapshot() -> WatchSnapshot:
     ops = torch.ops.npudist_watch
     return parse(ops.snapshot(), list(ops.names()), list(ops.op_names()))
+
+
+def busy_seconds() -> float:
+    """Seconds this rank has had a collective in flight (any group, any caller): what a step timer subtracts
+    from the step so that skew compares work, not the wait for the slowest rank. One call into the library."""
+    return float(torch.ops.npudist_watch.busy_seconds())
 
 
 def reset() -> None:

@@ -156,6 +156,18 @@ def progress() -> dict[str, object] | None:
     return dict(vars(rec)) if rec is not None else None
 
 
+def collective_seconds() -> float | None:
+    """Seconds this rank has had any collective in flight, on any group and from any caller (the process-group
+    watch, pg_watch.py); None where the watch is not running in this process."""
+    rt = peek()
+    wd = rt.comm.watchdog if rt is not None and rt.comm is not None else None
+    if wd is None or not wd.native:
+        return None
+    from npudist.comm import pg_watch
+
+    return pg_watch.busy_seconds()
+
+
 def store_rtt_seconds() -> float | None:
     """This rank's median round trip to the job's store, from its watchdog's control polls (one a
     second); None before the first poll or without a watchdog."""

@@ -40,6 +40,10 @@ Slot g_slots[kSlots];
 std::string g_names[kSlots];
 std::atomic<int64_t> g_used{0}, g_latest{-1}, g_total{0}, g_waits{0};
 std::mutex g_mu;
+// Time during which at least one collective (or a functional collective's wait) was in flight on this rank:
+// the fast ranks of a synchronous job spend the straggler's extra time there, the straggler does not.
+std::mutex g_busy_mu;
+int64_t g_inflight = 0, g_busy_since_ns = 0, g_busy_total_ns = 0;
 std::unordered_map<const void*, int64_t> g_by_pg;
 std::unordered_map<std::string, int64_t> g_by_name;
 std::unordered_map<const void*, int64_t> g_op_index;
@@ -146,9 +150,25 @@ int64_t tensor_bytes(const c10::IValue& iv) {
   return 0;
 }
 
+void busy_begin() {
+  std::lock_guard<std::mutex> lock(g_busy_mu);
+  if (g_inflight++ == 0) g_busy_since_ns = now_ns();
+}
+
+void busy_end() {
+  std::lock_guard<std::mutex> lock(g_busy_mu);
+  if (g_inflight > 0 && --g_inflight == 0) g_busy_total_ns += now_ns() - g_busy_since_ns;
+}
+
+int64_t busy_ns() {
+  std::lock_guard<std::mutex> lock(g_busy_mu);
+  return g_busy_total_ns + (g_inflight > 0 ? now_ns() - g_busy_since_ns : 0);
+}
+
 void finish(int64_t slot, bool p2p) {
   auto& s = g_slots[slot];
   (p2p ? s.p2p_done : s.done).fetch_add(1, std::memory_order_relaxed);
+  busy_end();
 }
 
 // Below autograd for the rest of the call, as torch's default autograd fallback runs these ops: a functional
@@ -169,13 +189,16 @@ void watch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   }
   if (info.kind == kWait) {
     g_waits.fetch_add(1, std::memory_order_relaxed);
+    busy_begin();
     try {
       below_autograd(op, ks, stack);
     } catch (...) {
       g_waits.fetch_sub(1, std::memory_order_relaxed);
+      busy_end();
       throw;
     }
     g_waits.fetch_sub(1, std::memory_order_relaxed);
+    busy_end();
     return;
   }
   int64_t slot = -1;
@@ -197,6 +220,7 @@ void watch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     g_latest.store(slot, std::memory_order_relaxed);
   }
   g_total.fetch_add(1, std::memory_order_relaxed);
+  busy_begin();
   try {
     below_autograd(op, ks, stack);
   } catch (...) {
@@ -225,6 +249,7 @@ at::Tensor snapshot() {
   a[0][1] = g_latest.load();
   a[0][2] = g_waits.load();
   a[0][3] = used;
+  a[0][4] = busy_ns();
   for (int64_t i = 0; i < used; ++i) {
     const Slot& s = g_slots[i];
     a[i + 1][0] = s.entered.load();
@@ -268,12 +293,18 @@ void reset() {
   g_used = 0;
   g_latest = -1;
   g_total = 0;
+  std::lock_guard<std::mutex> busy(g_busy_mu);
+  g_inflight = 0;
+  g_busy_total_ns = 0;
 }
 
 }  // namespace
 
+double busy_seconds() { return static_cast<double>(busy_ns()) / 1e9; }
+
 TORCH_LIBRARY(npudist_watch, m) {
   m.def("snapshot() -> Tensor", &snapshot);
+  m.def("busy_seconds() -> float", &busy_seconds);
   m.def("names() -> str[]", &names);
   m.def("op_names() -> str[]", &op_names);
   m.def("reset() -> ()", &reset);

@@ -249,6 +249,8 @@ class TrainingLoop:
             self.make_parts(self)
         for model in self._models:
             self._watch(model)
+        if not self._models:
+            self._watch_collectives()
         if self.timer is not None:
             self.timer.step()  # starts the first step's clock
         self.began = self.clock()
@@ -280,6 +282,18 @@ class TrainingLoop:
             timer.on_exchange.append(self.summary)
         if self.runlog is not None:
             self.runlog.attach(timer)
+
+    def _watch_collectives(self) -> None:
+        """No model of npudist.ddp (FSDP2, tensor parallel, raw collectives): the time this rank had any
+        collective in flight, from the process-group watch, is its wait. A synchronous job's fast ranks spend
+        the straggler's extra time there and the straggler does not, so skew still compares work."""
+        if self.timer is None or not self.drives_timer:
+            return
+        from npudist.comm import state as comm_state
+
+        busy = comm_state.collective_seconds
+        if busy() is not None:
+            self.timer.count_waits(lambda: busy() or 0.0)
 
     def _watch(self, model: Any) -> None:
         if self.timer is None or not self.drives_timer:
