@@ -80,3 +80,12 @@ def test_every_door_to_a_collective_is_counted_once_on_its_own_group():
         assert seen["npudist"][world][0] == 5  # npudist's own door: once
         before, after = seen["ddp_step"]
         assert after[world][0] - before[world][0] == 1  # DDP's reducer: one bucket, one all_reduce
+
+
+def test_a_torch_the_watch_was_not_measured_on_goes_without_it_and_says_so(monkeypatch):
+    from npudist.runtime import compat
+
+    for version in ((2, 1, 2), (2, 15, 0)):
+        monkeypatch.setattr(compat, "TORCH", version)
+        with pytest.raises(pg_watch.WatchUnavailable, match=r"measured on torch 2\.13 only"):
+            pg_watch.build()

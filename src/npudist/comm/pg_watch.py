@@ -34,6 +34,9 @@ import torch
 log = logging.getLogger("npudist.comm")
 SOURCE = str(Path(__file__).with_name("native") / "pg_watch.cpp")
 CACHE_VAR = "NPUDIST_CACHE_DIR"
+MEASURED_UP_TO = (2, 13)
+"""The newest torch the kernel was built and run against (with compat.FEATURES' oldest, its range): a newer
+c10d may change what the kernel relies on (boxed c10d ops, Work futures), so it waits to be measured."""
 BUILD_TIMEOUT_S = 600.0
 """A cold build of the kernel takes 10-30 s on a 2-core host; a compiler that hangs must not hang a rank."""
 
@@ -173,6 +176,11 @@ def build_command(cxx: str, out: Path, std: str) -> list[str]:
 
 def build(env: dict[str, str] | None = None) -> Path:
     """Build the kernel for this torch unless it is built (one process builds, the others wait on a lock)."""
+    from npudist.runtime import compat
+
+    if not compat.has("pg_watch") or compat.TORCH[:2] > MEASURED_UP_TO:
+        raise WatchUnavailable(f"the process-group watch has been measured on torch 2.13 only; this is torch "
+                               f"{torch.__version__} (only npudist's own collectives are numbered here)")
     path = library_path(env)
     if path.exists():
         return path

@@ -57,6 +57,9 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     # 2.6-2.12 were not measured, so they count as without (npudist then asks the vendor's device module).
     "accelerator_memory": Feature((2, 13), "torch.accelerator.memory_allocated / memory_reserved / empty_cache"),
     "ddp_init_sync": Feature((2, 7), "DistributedDataParallel(init_sync=)"),
+    # The process-group watch's C++ kernel (comm/native/pg_watch.cpp) against this torch's c10d headers and
+    # op set: built and run on 2.13 (the CI torch) only; older and newer torches go without it until measured.
+    "pg_watch": Feature((2, 13), "the process-group watch (a C++ kernel on torch's c10d ops)"),
     # Measured: async_save of CPU tensors returned before copying them on 2.5.1 (the checkpoint held
     # values changed after save() returned); correct on 2.8.0.
     "dcp_async_copies_cpu": Feature((2, 8), "torch.distributed.checkpoint.async_save copying CPU state"),
