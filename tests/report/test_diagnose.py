@@ -42,7 +42,8 @@ def test_hang_then_straggler_then_checkpoint_each_with_where_when_and_next(tmp_p
     assert [v.kind for v in found.verdicts] == ["hang", "straggler", "checkpoint", "checkpoint"]
     first, slow = found.verdicts[0], found.verdicts[1]
     assert (first.rank, first.place.host, first.place.pid, first.place.card) == (1, "n2", 77, 5)
-    assert "py-spy dump --pid 77 (on n2)" in first.next_commands
+    # A stopped rank has no stack to dump: the next command looks at its state and says how to resume it.
+    assert first.next_commands[0].startswith("grep State /proc/77/status; kill -CONT 77")
     assert (slow.rank, slow.place.host, slow.place.card) == (1, "n1", 5) and "3.00x" in slow.summary
     assert "npu-smi info -t health -i 5 -c 0 (on n1)" in slow.next_commands
     text = "\n".join(lines(found, str(root)))
@@ -111,3 +112,29 @@ def test_the_command_exits_1_on_a_finding_0_on_a_clean_run_2_on_no_directory(tmp
     assert found.exit_code == 1 and json.loads(found.stdout)["verdicts"][0]["rank"] == 1
     missing = run(str(tmp_path / "nope"))
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_a_verdict_in_several_files_is_said_once_and_a_pid_gone_from_this_host_gets_no_command(tmp_path):
+    """A 3-rank hang leaves rank 0's hang-attempt0.json and the failing ranks' hang-rank*.json, each carrying
+    the same verdict (hang_reader.py publishes it, watchdog.py embeds it): one verdict per culprit, its line
+    once. The culprits ran on this host; rank 2's process is still there, rank 1's is gone."""
+    import socket
+
+    root = write_run(tmp_path / "run")
+    here = socket.gethostname()
+    verdict = {"line": "npudist hang: ranks 0 wait in allreduce #9; rank(s) 1, 2 never reached it", "kind": "behind",
+               "culprits": [1, 2], "time": 1_700_000_000.0,
+               "culprit_ranks": {"1": {"host": here, "pid": 4_000_001, "state": "busy"},
+                                 "2": {"host": here, "pid": os.getpid(), "state": "busy"}}}
+    (root / "hang-attempt0.json").write_text(json.dumps(verdict))
+    for rank in (1, 2):
+        (root / f"hang-rank{rank}.json").write_text(json.dumps({"op": "allreduce", "seq": 9, "verdict": verdict,
+                                                                "not_reached": [1, 2], "time": 1_700_000_005.0}))
+    found = diagnose(root)
+    assert [(x.kind, x.rank, x.source) for x in found.verdicts] == [("hang", 1, "hang-attempt0.json"),
+                                                                     ("hang", 2, "hang-attempt0.json")]
+    text = "\n".join(lines(found, str(root), alive=lambda pid: pid == os.getpid()))
+    body = text.split("\n", 1)[1]  # after the headline, which quotes the first verdict
+    assert body.count(verdict["line"]) == 1 and "(the same verdict as above)" in body
+    assert "pid 4000001 no longer runs on this host" in text and "py-spy dump --pid 4000001" not in text
+    assert f"py-spy dump --pid {os.getpid()}" in text

@@ -7,7 +7,10 @@ expected JSON is a problem line, never an exception; what can be read is still r
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,8 +62,41 @@ def diagnose(run_dir: str | Path) -> Diagnosis:
             out.verdicts.append(v.checkpoint_verdict(step, "manifest", entry.name, _mtime(entry)))
     if not out.straggler_files:
         out.verdicts += v.logged_stragglers(run.records, known, f"{schema.METRICS_DIR}/rank*.jsonl")
-    out.verdicts = v.ordered(out.verdicts)
+    out.verdicts = v.ordered(_once(out.verdicts))
     return out
+
+
+def _once(verdicts: list[v.Verdict]) -> list[v.Verdict]:
+    """One verdict per rank and moment: rank 0's hang-attempt file and each failing rank's hang-rank file carry
+    the same verdict (same time), which is said once, from the first file (hang-attempt sorts first)."""
+    seen: set[tuple[str, int | None, float]] = set()
+    out = []
+    for verdict in verdicts:
+        if verdict.kind != "hang" or verdict.time is None:
+            out.append(verdict)
+            continue
+        key = (verdict.kind, verdict.rank, verdict.time)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(verdict)
+    return out
+
+
+def _gone_here(place: v.Place, alive: Callable[[int], bool]) -> bool:
+    """The rank ran on this host and its process no longer exists: commands for its pid would look at
+    nothing (or at another process that got the number)."""
+    return bool(place.pid) and place.host == socket.gethostname() and not alive(place.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _mtime(path: Path) -> float | None:
@@ -70,14 +106,24 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def lines(diag: Diagnosis, run_dir: str) -> list[str]:
-    """The console answer: the headline, then each verdict with where, when and what to run next."""
+def lines(diag: Diagnosis, run_dir: str, alive: Callable[[int], bool] = _alive) -> list[str]:
+    """The console answer: the headline, then each verdict with where, when and what to run next (a verdict
+    line shared by the culprits of one verdict is printed once, under the first)."""
     out = [f"npudist diagnose {run_dir}: {v.headline(diag.verdicts)}"]
+    said = None
     for i, verdict in enumerate(diag.verdicts, 1):
         when = v.iso(verdict.time) or "time unknown"
         out.append(f"{i}. {verdict.kind} at {when}: {v.where(verdict.rank, verdict.place)} ({verdict.source})")
-        out.append(f"   {verdict.summary}")
-        out += [f"   next: {cmd}" for cmd in verdict.next_commands]
+        if verdict.summary != said:
+            out.append(f"   {verdict.summary}")
+        else:
+            out.append("   (the same verdict as above)")
+        said = verdict.summary
+        if verdict.next_commands and _gone_here(verdict.place, alive):
+            out.append(f"   pid {verdict.place.pid} no longer runs on this host: the job has ended; its logs and "
+                       "this run directory are what is left to read")
+        else:
+            out += [f"   next: {cmd}" for cmd in verdict.next_commands]
     if not diag.straggler_files and not any(x.kind == "straggler" for x in diag.verdicts):
         out.append("straggler diagnosis files: none (off unless the job runs with --straggler-diagnosis WINDOWS, "
                    "which writes RUN_DIR/straggler-step*.json with the cause)")

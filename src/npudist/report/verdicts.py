@@ -92,7 +92,8 @@ def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place
     for rank in culprits[:8] or [None]:
         extra = details.get(str(rank)) or who.get(str(rank)) or {}
         place = from_doc(extra if isinstance(extra, dict) else {}, known.get(rank) if rank is not None else None)
-        out.append(Verdict("hang", line, rank, place, at, next_commands("hang", place), source))
+        state = extra.get("state") if isinstance(extra, dict) and isinstance(extra.get("state"), str) else None
+        out.append(Verdict("hang", line, rank, place, at, next_commands("hang", place, state=state), source))
     return out
 
 
