@@ -443,6 +443,7 @@ def _build_watch() -> None:
     except pg_watch.WatchUnavailable as exc:
         print(f"npudist launch: {exc}; hangs in collectives npudist did not issue are then named only by the "
               "collective timeout", file=sys.stderr, flush=True)
+        os.environ[PG_WATCH_VAR] = "off"  # said once here: the ranks (which inherit it) neither retry nor repeat it
 
 
 def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
