@@ -434,10 +434,11 @@ def _build_watch() -> None:
         return
     from npudist.comm import pg_watch
 
-    if pg_watch.library_path().exists():
+    if pg_watch.unsupported() is None and pg_watch.library_path().exists():
         return
-    print("npudist launch: building the process-group watch for this torch (once per host and torch version)",
-          file=sys.stderr, flush=True)
+    if pg_watch.unsupported() is None:
+        print("npudist launch: building the process-group watch for this torch (once per host and torch version)",
+              file=sys.stderr, flush=True)
     try:
         pg_watch.build()
     except pg_watch.WatchUnavailable as exc:

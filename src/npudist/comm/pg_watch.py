@@ -174,13 +174,21 @@ def build_command(cxx: str, out: Path, std: str) -> list[str]:
             f"-Wl,-rpath,{lib}", "-o", str(out)]
 
 
-def build(env: dict[str, str] | None = None) -> Path:
-    """Build the kernel for this torch unless it is built (one process builds, the others wait on a lock)."""
+def unsupported() -> str | None:
+    """Why this torch goes without the watch (it was not measured on it), or None."""
     from npudist.runtime import compat
 
     if not compat.has("pg_watch") or compat.TORCH[:2] > MEASURED_UP_TO:
-        raise WatchUnavailable(f"the process-group watch has been measured on torch 2.13 only; this is torch "
-                               f"{torch.__version__} (only npudist's own collectives are numbered here)")
+        return (f"the process-group watch has been measured on torch 2.13 only; this is torch {torch.__version__} "
+                "(only npudist's own collectives are numbered here)")
+    return None
+
+
+def build(env: dict[str, str] | None = None) -> Path:
+    """Build the kernel for this torch unless it is built (one process builds, the others wait on a lock)."""
+    why = unsupported()
+    if why is not None:
+        raise WatchUnavailable(why)
     path = library_path(env)
     if path.exists():
         return path
