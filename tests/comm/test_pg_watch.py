@@ -89,3 +89,17 @@ def test_a_torch_the_watch_was_not_measured_on_goes_without_it_and_says_so(monke
         monkeypatch.setattr(compat, "TORCH", version)
         with pytest.raises(pg_watch.WatchUnavailable, match=r"measured on torch 2\.13 only"):
             pg_watch.build()
+
+
+def test_only_groups_that_reach_the_dispatcher_are_left_to_the_watch():
+    """The simulated hccl is a ProcessGroup written in Python: dist.all_reduce calls its method directly and no c10d
+    op runs, so the watch would see nothing and npudist's own numbering must stay (measured: 0 calls counted for
+    3 all_reduce and a DDP step under --simulate npu)."""
+    import torch.distributed as dist
+
+    from npudist.comm.watchdog import _dispatched
+
+    class PythonGroup(dist.ProcessGroup):
+        pass
+
+    assert _dispatched(dist.ProcessGroup(0, 1)) and not _dispatched(PythonGroup(0, 1))

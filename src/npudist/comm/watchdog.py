@@ -194,7 +194,7 @@ class Watchdog:
                 self._off = True
                 return None
             self.record = Record(rank=dist.get_rank())
-            self.native = self.watch_mode == "native" and pg_watch.load()
+            self.native = self.watch_mode == "native" and _dispatched(dist.group.WORLD) and pg_watch.load()
             if self.hang_action != "off" and self.reader_factory is not None:
                 if self.record.rank == 0:
                     self.reader = self.reader_factory(self, dist.get_world_size())
@@ -537,6 +537,14 @@ class Watchdog:
             except OSError as write_exc:
                 message += f" (could not write the report: {write_exc})"
         return CollectiveHangError(message, report)
+
+
+def _dispatched(group: Any) -> bool:
+    """Whether ``group``'s collectives pass through torch's dispatcher, where the process-group watch counts
+    them: a group torch builds (gloo, NCCL, HCCL through torch_npu) does; a ProcessGroup implemented in Python
+    (the simulated hccl, sim/hccl.py) is called straight from Python and never reaches the c10d ops, so its
+    collectives keep npudist's own numbering."""
+    return type(group) is dist.ProcessGroup
 
 
 def _members(name: str) -> dict[str, Any] | None:
