@@ -83,13 +83,21 @@ def test_host_cpu_is_measured_within_each_read_not_since_another_threads_call():
     """The poller reads in a new thread each time, and psutil keeps cpu_percent(interval=None)'s previous call
     per thread: every sample was that call's meaningless 0.0."""
     results = []
-    burn = threading.Thread(target=lambda: sum(i * i for i in range(3_000_000)), daemon=True)
-    burn.start()  # this process itself keeps a core busy while the readings are taken
+    done = threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            sum(i * i for i in range(10_000))
+
+    burn = threading.Thread(target=spin, daemon=True)
+    burn.start()  # this process itself keeps a core busy until both readings are taken (a fixed amount of work
+    # could end before the second one on a fast core, which then reads an idle host)
     src = HostSource()
     for _ in range(2):
         reader = threading.Thread(target=lambda: results.append(src.read()[0].utilization_ratio))
         reader.start()
         reader.join()
+    done.set()
     burn.join()
     assert all(r > 0.0 for r in results), results
 

@@ -337,8 +337,8 @@ def _next(after: float | None, action: str, states: Mapping[int, str], busy_s: f
         hint = "" if declared else '; mark such phases with `with npudist.busy("evaluation"):`'
         return (". Not a hang: npudist does not abort a busy rank (the collective timeout still applies; "
                 f"NPUDIST_BUSY_TIMEOUT sets a bound){hint}")
-    if rank_states.SILENT in states.values() and after == rank_states.SILENT_ABORT_S:
-        which = "a silent rank whose process cannot be looked at from here"
+    if {rank_states.SILENT, rank_states.STARVED} & set(states.values()) and after == rank_states.SILENT_ABORT_S:
+        which = "a rank that does not answer: silence alone is not proof of death"
     elif after == busy_s and rank_states.STUCK not in states.values():
         which = "NPUDIST_BUSY_TIMEOUT"
     else:

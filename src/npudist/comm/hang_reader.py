@@ -304,7 +304,8 @@ class HangReader:
         else:
             verdict["first_time"] = self.verdict.get("first_time", verdict["time"])
         busy_only = verdict["line"].startswith("npudist busy:")
-        path = None if busy_only else self._write(verdict)
+        silent = rank_states.STARVED in verdict["states"].values()  # busy or cut off: said, and kept on file
+        path = None if busy_only and not silent else self._write(verdict)
         if path:
             verdict["line"] += f". Report: {path}"
         print(verdict["line"], file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -103,9 +104,19 @@ class WatchSnapshot:
         return max(started, key=lambda g: g.since) if started else None
 
 
+TORCH_NAMES = MappingProxyType({
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
+    "_allgather_base": "all_gather_into_tensor", "allgather_coalesced": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+    "recv_any_source": "recv"})
+"""A c10d op's name as torch.distributed's API names it, which the user's script and npudist's verdicts use."""
+
+
 def _op_name(raw: str) -> str:
-    """``c10d::allreduce_`` -> ``allreduce``; ``_c10d_functional::all_gather_into_tensor`` -> the same name."""
-    return raw.split("::", 1)[-1].rstrip("_") or raw
+    """``c10d::allreduce_`` -> ``all_reduce``; ``c10d::_allgather_base_`` -> ``all_gather_into_tensor``."""
+    name = raw.split("::", 1)[-1].rstrip("_") or raw
+    return TORCH_NAMES.get(name, name)
 
 
 def parse(table: torch.Tensor, names: list[str], ops: list[str]) -> WatchSnapshot:

@@ -61,8 +61,9 @@ STATES = MappingProxyType({s.name: s for s in (
           "reader can see (another host or container): stopped, dead, or starved by a call holding the GIL",
           "named at once, no stack; aborted if still no progress", "60 s without progress", "silent"),
     State(STARVED, "its watchdog thread does not answer the probe, but its process is running or sleeping: a "
-          "long call that holds the GIL (a large pickle.load, a C extension) starves the thread",
-          "reported; looked at again every 10 s; never aborted by npudist", "as busy", "busy"),
+          "long call that holds the GIL (a large pickle.load, a C extension) starves the thread, or its node is cut "
+          "off from the store", "reported as busy; looked at again every 10 s; aborted if still no progress",
+          "60 s without progress", "silent"),
     State(OUT_OF_ORDER, "it is inside another collective than the one the others wait in (a skipped call, "
           "another op or size), or waits inside one the others have left", "named; the job is aborted",
           "the verdict (~15 s)", "now"),

@@ -121,9 +121,8 @@ def _last_seen(r: int, rec: Record | BadRecord | None, now: float) -> str:
         return f"rank {r}: bad record in the store ({rec.reason})"
     if rec is None or rec.seq == 0:
         return f"rank {r}: never reported"
-    on = f" of group {rec.group}" if rec.group else ""
-    number = rec.gseq if rec.group else rec.seq
-    return f"rank {r}: last {rec.op} #{number}{on} ({rec.state}, {now - rec.wall_time:.1f} s ago)"
+    number = rec.gseq if rec.group else rec.seq  # on the failing call's group, which the message names
+    return f"rank {r}: last {rec.op} #{number} ({rec.state}, {now - rec.wall_time:.1f} s ago)"
 
 
 def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause: str, group: str = "",
@@ -181,6 +180,8 @@ class Watchdog:
         self._groups_sent: set[str] = set()
         self._sync_lock = threading.Lock()
         self._reader_faults = 0
+        self._label: str | None = None
+        """npudist's own name for the call in progress on this rank, while the watch numbers it."""
         self.run_dir = run_dir
         """Where hang reports are written (None: nowhere)."""
 
@@ -232,6 +233,7 @@ class Watchdog:
             if rec is None:
                 return 0
         if self.native:
+            self._label = op  # npudist's name for the call the watch numbers ("control all_reduce", "ddp_forward")
             return NATIVE
         rec.seq += 1
         rec.op, rec.nbytes, rec.state, rec.wall_time = op, nbytes, "entered", time.time()
@@ -240,6 +242,9 @@ class Watchdog:
         return rec.seq
 
     def done(self, seq: int) -> None:
+        if seq == NATIVE:
+            self._label = None
+            return
         rec = self.record
         if rec is not None and rec.seq == seq:
             rec.state, rec.wall_time = "done", time.time()
@@ -284,14 +289,15 @@ class Watchdog:
         snap = pg_watch.snapshot()
         cur = snap.current()
         state = "entered" if snap.waiting else ("done" if snap.total else "idle")
-        seen = (snap.total, state, cur, rec.step)
+        seen = (snap.total, state, cur, rec.step, self._label)
         if seen == self._native_seen:
             return
         self._native_seen = seen
         rec.seq, rec.state = snap.total, state
         if cur is not None:
-            rec.op, rec.nbytes, rec.group, rec.gseq = cur.op, cur.nbytes, cur.name, cur.entered
-            rec.wall_time = cur.since
+            label = self._label
+            rec.op = label if label and state == "entered" else cur.op
+            rec.nbytes, rec.group, rec.gseq, rec.wall_time = cur.nbytes, cur.name, cur.entered, cur.since
         rec.groups = {g.name: g.entered for g in snap.groups[:GROUPS_AT_MOST]}
         self._dirty.set()
 

@@ -231,7 +231,15 @@ void watch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     if (is_class(iv, "__torch__.torch.classes.c10d.Work")) {
       try {
         auto work = iv.toCustomClass<c10d::Work>();
-        work->getFuture()->addCallback([slot, p2p](c10::ivalue::Future&) { finish(slot, p2p); });
+        // A call that failed (a timeout, a peer gone) did not complete: it stays in flight, so the record
+        // still says the rank waits in it when the failure is diagnosed.
+        work->getFuture()->addCallback([slot, p2p](c10::ivalue::Future& f) {
+          if (f.hasError()) {
+            busy_end();
+          } else {
+            finish(slot, p2p);
+          }
+        });
         return;
       } catch (...) {
         break;  // a backend without futures: counted as completed at once
