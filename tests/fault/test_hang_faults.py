@@ -60,9 +60,9 @@ def test_a_rank_that_stalls_right_after_step_1_is_named_inside_ddps_bucket_rebui
     proc, text, verdict, fault, elapsed, left = _launch(tmp_path, "stall", 2, env=STUCK_ENV)
     _common(proc, text, verdict, elapsed, left)
     assert verdict["states"] == {"1": "stuck"} and "answered: live but stuck" in verdict["line"]
-    # The others wait in DDP's forward-time broadcast of its rebuilt buckets, which the process-group watch
-    # sees as any other collective.
-    assert verdict["op"] == "broadcast" and verdict["waiting"] == [0, 2]
+    # The others wait in DDP's forward-time broadcast of its rebuilt buckets: the process-group watch numbers it,
+    # and npudist.ddp's forward names it.
+    assert verdict["op"] == "ddp_forward" and verdict["waiting"] == [0, 2]
     culprit = verdict["culprit_ranks"]["1"]
     assert culprit["alive"] is True and "in inject" in culprit["stack"] and "time.sleep" in culprit["stack"]
     assert (verdict["ranks"]["1"]["op"], verdict["ranks"]["1"]["seq"]) == (fault.group(2), int(fault.group(3)))
