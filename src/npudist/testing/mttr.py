@@ -204,7 +204,10 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
                     trial.recover_s = round(after[0][0] - start, 1)
                     reached = max((int(m[1]) for t, ln in logs[0].lines if t < resumed[-1][0]
                                    and (m := _STEP.match(ln))), default=before)
-                    trial.steps_lost = reached - resumed[-1][1]
+                    # A step's console line is printed when the next step begins (telemetry/job/loop.py), so the
+                    # newest finished step, the one a peer snapshot holds, can be one past the last line seen.
+                    lost = reached - resumed[-1][1]
+                    trial.steps_lost = 0 if lost == -1 else lost
                     trial.world_after = after[0][1]
                     said = [m[1] for t, ln in new if t >= resumed[-1][0] and (m := _SOURCE.match(ln))]
                     trial.source = said[0] if said else "disk"
