@@ -4,7 +4,8 @@ Every collective on every process group takes a per-rank, per-group number: the 
 (pg_watch.py) counts them in C++ whoever issues them, and this thread reads its counters once a period;
 where the watch is off (no compiler, another torch, a ProcessGroup written in Python such as the simulated
 hccl) npudist's own collectives (and DDP's forward-time ones, ddp.py) are numbered here instead. The
-calling thread only updates a small record (op, numbers, bytes, state, step); a daemon thread, the rank's watchdog, does all the store traffic once per ``PUBLISH_INTERVAL_S``: it
+calling thread only updates a small record (op, numbers, bytes, state, step); a daemon thread, the
+rank's watchdog, does all the store traffic once per ``PUBLISH_INTERVAL_S``: it
 publishes the record when it changed (one ``set``), polls the job's control counter (one ``add``), and
 on rank 0 runs the job's one hang reader (hang_reader.py: one ``multi_get`` of every record). So a rank
 makes at most 2 store requests a second and the job's diagnosis costs O(N) requests, through the store
