@@ -11,7 +11,7 @@ import typer
 
 from tests.conftest import REPO
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -19,7 +19,7 @@ def _code_blocks(text: str) -> list[str]:
     return re.findall(r"^```[a-z]*\n(.*?)^```", text, re.M | re.S)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_resolves(page):
     text = page.read_text()
     for block in _code_blocks(text):

@@ -274,7 +274,7 @@ def test_the_manual_has_the_table_of_rank_states_as_the_code_applies_it():
     """Every state's row, word for word, in the README or a docs/ page: the table cannot drift from STATES."""
     from tests.conftest import REPO
 
-    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
     for s in rank_states.STATES.values():
         row = next((ln for ln in text.splitlines() if ln.startswith("|") and f"(`{s.name}`)" in ln), None)
         assert row is not None, s.name

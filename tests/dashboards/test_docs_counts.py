@@ -6,7 +6,7 @@ from pathlib import Path
 
 from npudist.dashboards.rules import ALERTS
 
-DOCS = [*Path(__file__).resolve().parents[2].joinpath("docs").glob("*.md"),
+DOCS = [*Path(__file__).resolve().parents[2].joinpath("docs").rglob("*.md"),
         Path(__file__).resolve().parents[2] / "README.md"]
 WORDS = r"one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty"
 

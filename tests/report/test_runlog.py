@@ -112,6 +112,6 @@ def test_docs_table_is_generated_from_the_schema():
     from npudist import runlog_schema as schema
     from tests.conftest import REPO
 
-    text = (REPO / "docs" / "report.md").read_text()
+    text = (REPO / "docs" / "reference" / "report.md").read_text()
     table = text.split("<!-- runlog-table:begin -->\n", 1)[1].split("<!-- runlog-table:end -->", 1)[0]
     assert table == schema.markdown_table(), "regenerate with: python -m npudist.runlog_schema"

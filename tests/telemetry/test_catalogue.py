@@ -6,7 +6,7 @@ import pytest
 from npudist.telemetry.exposition import catalogue
 from npudist.telemetry.exposition.catalogue import CATALOGUE, MetricDef, family, markdown_table, problems, validate
 
-NOTES = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
+NOTES = Path(__file__).resolve().parents[2] / "docs" / "reference" / "telemetry.md"
 
 
 def test_catalogue_follows_the_naming_rules():
@@ -121,7 +121,7 @@ def test_markdown_table_has_one_row_per_metric():
 def test_notes_table_is_generated_from_the_catalogue():
     text = NOTES.read_text()
     begin, end = "<!-- metric-table:begin -->\n", "<!-- metric-table:end -->"
-    assert begin in text and end in text, "docs/telemetry-exporter.md lost its metric-table markers"
+    assert begin in text and end in text, "docs/reference/telemetry.md lost its metric-table markers"
     table = text.split(begin, 1)[1].split(end, 1)[0]
     assert table == markdown_table(), "regenerate with: python -m npudist.telemetry.exposition.catalogue"
 
@@ -129,7 +129,7 @@ def test_notes_table_is_generated_from_the_catalogue():
 def test_readme_threshold_table_is_generated_from_the_catalogue():
     from npudist.telemetry.exposition.thresholds import thresholds_table
 
-    text = (NOTES.parent / "observing.md").read_text()
+    text = (NOTES.parents[1] / "guide" / "observing.md").read_text()
     table = text.split("<!-- threshold-table:begin -->\n", 1)[1].split("<!-- threshold-table:end -->", 1)[0]
     assert table == thresholds_table(), "regenerate with: python -m npudist.telemetry.exposition.thresholds"
 
