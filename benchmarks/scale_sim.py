@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
-from npudist.telemetry.job.detector import StragglerDetector  # noqa: E402
+from npudist.diagnosis.straggler.detector import StragglerDetector  # noqa: E402
 
 SIZES = tuple(2 ** k for k in range(1, 14))  # 2 .. 8,192
 NOISE = 0.05

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from npudist.comm import watchdog
-from npudist.comm.hang_reader import HangReader
-from npudist.comm.watchdog import Record, Watchdog
+from npudist.comm.hang import watchdog
+from npudist.comm.hang.reader import HangReader
+from npudist.comm.hang.watchdog import Record, Watchdog
 
 STOPPED = 1
 

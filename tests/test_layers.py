@@ -5,8 +5,9 @@ The import graph is read from the source (every ``import`` statement, inside fun
 import cannot hide a cycle or a wrong-way dependency. GRAPH leaves out imports under ``if TYPE_CHECKING``
 (what runs); TYPED_GRAPH keeps them (what a reader and a type checker follow).
 
-From the ground up: runtime/ (settings, rank layout, the Runtime holder), then accelerators, then comm,
-then checkpoint and telemetry, then lifecycle.py (init/shutdown), which starts and ends what they own.
+From the ground up: runtime/ (settings, rank layout, the Runtime holder), then accelerators, then diagnosis
+(pure verdicts), then comm, then checkpoint and telemetry, then lifecycle.py (init/shutdown), which starts and
+ends what they own.
 """
 
 from __future__ import annotations
@@ -84,15 +85,35 @@ def test_comm_and_runtime_never_import_telemetry_or_dashboards():
     assert not wrong
 
 
+def test_the_diagnosis_is_pure_and_sits_below_what_feeds_it():
+    # diagnosis/ judges what the ranks publish: comm's threads and telemetry's reporters import it, never
+    # the reverse, and it imports no collector (torch, torch.distributed, a store) at all.
+    wrong = {(src, dst) for src, dsts in TYPED_GRAPH.items() if _under(src, "npudist.diagnosis")
+             for dst in dsts if not _under(dst, "npudist.diagnosis", "npudist.runtime", "npudist.accelerators",
+                                             *BELOW_GROUND)}
+    assert not wrong
+    heavy = {name for name, path in MODULES.items() if _under(name, "npudist.diagnosis")
+             for line in path.read_text().splitlines() if line.lstrip().startswith(("import torch", "from torch"))}
+    assert not heavy, "the diagnosis is pure: pass it what torch said, do not import torch there"
+
+
 def test_the_runtime_holder_depends_on_nothing_but_the_settings():
     # comm and accelerators reach runtime.state; it must not reach back into them.
     assert TYPED_GRAPH["npudist.runtime.state"] <= {"npudist.runtime.settings"}
     assert TYPED_GRAPH["npudist.runtime.settings"] == set()
 
 
+# Helpers under the ground: they import nothing of npudist, so any layer may use them.
+BELOW_GROUND = ("npudist._lazy", "npudist._version")
+
+
+def test_the_helpers_below_the_ground_import_nothing_of_npudist():
+    assert [name for name in BELOW_GROUND if TYPED_GRAPH[name]] == []
+
+
 def test_runtime_is_the_ground_layer_even_for_type_hints():
     wrong = {(src, dst) for src, dsts in TYPED_GRAPH.items() if _under(src, "npudist.runtime")
-             for dst in dsts if not _under(dst, "npudist.runtime")}
+             for dst in dsts if not _under(dst, "npudist.runtime", *BELOW_GROUND)}
     assert not wrong, "runtime/ imports from above it; give the type as a Protocol or Any with a docstring"
 
 

@@ -14,11 +14,12 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from npudist.comm import hang, main_thread, watchdog
-from npudist.comm.hang import ProgressTracker, judge, suspects
-from npudist.comm.hang_reader import HangReader
-from npudist.comm.rank_states import Look
-from npudist.comm.watchdog import Record, Watchdog
+from npudist.comm.hang import main_thread, watchdog
+from npudist.comm.hang.reader import HangReader
+from npudist.comm.hang.watchdog import Record, Watchdog
+from npudist.diagnosis import hang
+from npudist.diagnosis.hang import ProgressTracker, judge, suspects
+from npudist.diagnosis.rank_states import Look
 
 
 def rec(rank: int, seq: int, state: str = "done", op: str = "all_reduce", nbytes: int = 64, step: int = 1,
@@ -88,7 +89,7 @@ def test_a_verdict_at_scale_lists_a_few_ranks_in_its_line_and_all_in_the_report(
 
 
 def test_a_culprits_card_is_named_with_its_vendors_health_command_only_when_known():
-    from npudist.accelerators.place import Place
+    from npudist.diagnosis.place import Place
 
     records = {0: rec(0, 9, "entered"), 1: rec(1, 8), 2: rec(2, 9, "entered"), 3: rec(3, 8)}
     who = {1: Place(host="n2", pid=77, local_rank=1, accelerator="npu", card=5, chip=1),
@@ -371,7 +372,7 @@ def test_a_progressing_job_costs_the_standby_nothing_and_a_live_reader_keeps_the
 
 
 def test_rank_0_stopped_is_named_by_the_standby_once_its_heartbeat_is_stale(store, monkeypatch):
-    from npudist.comm import hang_reader
+    from npudist.comm.hang import reader as hang_reader
 
     ranks, clients, clock, stopped, _reader, standby = _standby_job(store, monkeypatch)
     stopped.add(0)  # rank 0 stops computing: its record and its reader's heartbeat stand still
@@ -398,7 +399,7 @@ def test_rank_0_stopped_is_named_by_the_standby_once_its_heartbeat_is_stale(stor
 def test_a_live_rank_left_inside_a_passed_call_looks_at_a_bounded_number_of_ranks_ahead(store, monkeypatch):
     """128 ranks moved on (alive) while rank 0 waits inside call 1: the probe of the ranks ahead lists at
     most AHEAD_LOOKED_AT of them, since every rank reads that list."""
-    from npudist.comm import hang_reader
+    from npudist.comm.hang import reader as hang_reader
 
     monkeypatch.setattr(watchdog, "PUBLISH_INTERVAL_S", 0.01)
     asleep = Look(stack='  File "train.py", line 3, in step\n', cpu_s=0.0, span_s=0.5)

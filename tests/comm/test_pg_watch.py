@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from npudist.comm import pg_watch
-from npudist.comm.progress_store import encode_ranks, parse_group
+from npudist.diagnosis.record import encode_ranks, parse_group
 from tests.conftest import REPO, child_env, run_npudist, run_py
 
 
@@ -98,7 +98,7 @@ def test_only_groups_that_reach_the_dispatcher_are_left_to_the_watch():
     3 all_reduce and a DDP step under --simulate npu)."""
     import torch.distributed as dist
 
-    from npudist.comm.watchdog import _dispatched
+    from npudist.comm.hang.watchdog import _dispatched
 
     class PythonGroup(dist.ProcessGroup):
         pass

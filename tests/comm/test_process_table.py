@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from npudist.accelerators.place import Place
-from npudist.comm import process_table
+from npudist.comm.hang import process_table
+from npudist.diagnosis.place import Place
 
 
 @pytest.mark.parametrize(("status", "evidence"), [
@@ -54,7 +54,7 @@ def test_only_ranks_of_this_process_table_are_looked_up():
 def test_a_rank_in_another_pid_namespace_with_the_same_host_name_is_never_called_gone():
     """`unshare --pid --uts`: the same kernel and host name as this process, but its own process table. Its pid
     (1 or 2 there) means nothing here; looked up by host name it would be 'gone' (or another process)."""
-    code = ("import json, os, socket; from npudist.comm.process_table import identity; "
+    code = ("import json, os, socket; from npudist.comm.hang.process_table import identity; "
             "print(json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), 'table': identity()}), flush=True); "
             "import time; time.sleep(20)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([p for p in sys.path if p])}

@@ -16,10 +16,12 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from npudist.comm import abort_note, hang, hang_reader, main_thread, rank_states, watchdog
-from npudist.comm.hang_reader import HangReader
-from npudist.comm.rank_states import Look, classify
-from npudist.comm.watchdog import Record, Watchdog
+from npudist.comm.hang import abort_note, main_thread, watchdog
+from npudist.comm.hang import reader as hang_reader
+from npudist.comm.hang.reader import HangReader
+from npudist.comm.hang.watchdog import Record, Watchdog
+from npudist.diagnosis import hang, rank_states
+from npudist.diagnosis.rank_states import Look, classify
 from tests.comm.test_hang import CountingStore
 
 RUNNING = Look(stack='  File "eval.py", line 9, in evaluate\n', cpu_s=0.45, span_s=0.5, moved=True)

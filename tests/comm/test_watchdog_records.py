@@ -9,9 +9,9 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npudist.comm import watchdog
+from npudist.comm.hang import watchdog
+from npudist.comm.hang.watchdog import BadRecord, CollectiveHangError, Record, Watchdog, parse_record
 from npudist.comm.state import state as comm_state
-from npudist.comm.watchdog import BadRecord, CollectiveHangError, Record, Watchdog, parse_record
 from npudist.comm.watched import watched
 
 GOOD = {"rank": 1, "seq": 3, "step": 2, "op": "all_reduce", "nbytes": 64, "state": "done", "wall_time": 1.0,

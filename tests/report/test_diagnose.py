@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 
-from npudist.accelerators.place import Place
+from npudist.diagnosis.place import Place
+from npudist.diagnosis.straggler.skew import SkewReport
 from npudist.report.diagnose import diagnose, lines
-from npudist.telemetry.job.skew import SkewReport
 from npudist.telemetry.job.straggler import StragglerDiagnosis
 from tests.report.runs import write_run
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from npudist.diagnosis.straggler.detector import leave_one_out_median, t_quantile, t_tail
 from npudist.telemetry import StragglerDetector
-from npudist.telemetry.job.detector import leave_one_out_median, t_quantile, t_tail
 
 NOISE = 0.05
 

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from npudist.diagnosis.straggler.skew import skew_report
 from npudist.telemetry.job.run_summary import RunSummary
-from npudist.telemetry.job.skew import skew_report
 
 
 def _window(i, means, flagged=()):

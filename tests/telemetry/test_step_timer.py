@@ -6,8 +6,8 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
+from npudist.diagnosis.straggler.skew import skew_report
 from npudist.telemetry.job import op_sampling
-from npudist.telemetry.job.skew import skew_report
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from tests.telemetry.exp_helpers import families, samples
 

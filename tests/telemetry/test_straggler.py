@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from npudist.telemetry.job.skew import skew_report
+from npudist.diagnosis.straggler.skew import skew_report
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
 from npudist.telemetry.job.straggler import StragglerDiagnosis, StragglerWarnings, cause, describe_flag, diagnosis
 from tests.conftest import run_npudist
@@ -69,7 +69,7 @@ def test_written_after_n_flagged_windows_in_a_row_and_once_per_streak(tmp_path):
 
 
 def test_a_diagnosis_says_on_which_host_and_pid_the_straggler_runs(tmp_path):
-    from npudist.accelerators.place import Place
+    from npudist.diagnosis.place import Place
 
     asked = []
 

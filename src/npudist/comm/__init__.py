@@ -6,6 +6,7 @@ from npudist.comm import watched as _watched
 from npudist.comm.collectives import Handle
 from npudist.comm.constraints import PROFILES, Constraints, describe, profile
 from npudist.comm.handshake import MismatchError
+from npudist.comm.hang.watchdog import CollectiveHangError
 from npudist.comm.recorder import DURATION_BUCKETS, CommStats, OpStats
 from npudist.comm.state import (
     active_constraints,
@@ -21,7 +22,6 @@ from npudist.comm.state import (
     store_rtt_seconds,
     where,
 )
-from npudist.comm.watchdog import CollectiveHangError
 from npudist.runtime.settings import PROFILE_VAR
 
 # The public collectives are numbered and watched, so a hang names the rank that never arrived.

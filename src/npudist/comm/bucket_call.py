@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from npudist.comm.context import GroupContext
+from npudist.comm.hang.watchdog import Watchdog
 from npudist.comm.recorder import Recorder
-from npudist.comm.watchdog import Watchdog
 from npudist.comm.watched import communication_failure
 from npudist.runtime.compat import DIST_ERRORS
 

@@ -138,7 +138,7 @@ def swap_text(topic: str, text: str, peer: int, timeout: timedelta = timedelta(s
     restarted job never reads a value of the attempt before it."""
     if not distributed():
         return text
-    from npudist.comm.progress_store import shared_store
+    from npudist.comm.hang.store import shared_store
 
     store = shared_store()
     if store is None:

@@ -13,14 +13,14 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from npudist.accelerators.place import Place
 from npudist.comm import constraints as _constraints
 from npudist.comm.buffers import BufferPool, LayoutCache
 from npudist.comm.constraints import Constraints
-from npudist.comm.hang_reader import HangReader
-from npudist.comm.progress_store import read_places
+from npudist.comm.hang.reader import HangReader
+from npudist.comm.hang.store import read_places
+from npudist.comm.hang.watchdog import Watchdog
 from npudist.comm.recorder import CommStats, Recorder
-from npudist.comm.watchdog import Watchdog
+from npudist.diagnosis.place import Place
 from npudist.runtime.settings import Settings
 from npudist.runtime.state import Runtime, current, peek
 

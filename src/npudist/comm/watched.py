@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from npudist.comm.hang.watchdog import Watchdog
 from npudist.comm.state import state
-from npudist.comm.watchdog import Watchdog
 from npudist.runtime.compat import DIST_ERRORS, is_dist_error
 
 

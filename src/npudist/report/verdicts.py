@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from npudist.accelerators.place import Place, from_doc, iso, next_commands, where
+from npudist.diagnosis.place import Place, from_doc, iso, next_commands, where
 
 KINDS = ("hang", "straggler", "checkpoint")
 """Verdict kinds, most severe first."""

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from npudist import runlog_schema as schema
+from npudist.diagnosis.straggler.skew import SkewReport
 from npudist.runlog_schema import rank_file
 from npudist.runtime.state import current
 from npudist.telemetry.exposition.node_label import node_name
 from npudist.telemetry.exposition.run_label import run_id
-from npudist.telemetry.job.skew import SkewReport
 from npudist.telemetry.sources.readings import DeviceReading, RankDevice
 
 log = logging.getLogger("npudist.telemetry")

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudist.telemetry.job.skew import SkewReport
+from npudist.diagnosis.straggler.skew import SkewReport
 
 SLOWEST_CHANCE = 0.01
 """The summary names a persistently slowest rank when chance alone would make some rank that often the

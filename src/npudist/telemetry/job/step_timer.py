@@ -13,11 +13,11 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from npudist.diagnosis.straggler.detector import StragglerDetector
+from npudist.diagnosis.straggler.skew import SkewReport, skew_report
 from npudist.telemetry.exposition.catalogue import family, rank_label_values
 from npudist.telemetry.job import op_sampling
-from npudist.telemetry.job.detector import StragglerDetector
 from npudist.telemetry.job.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
-from npudist.telemetry.job.skew import SkewReport, skew_report
 from npudist.telemetry.job.straggler import StragglerWarnings
 from npudist.telemetry.sources.readings import RankDevice
 

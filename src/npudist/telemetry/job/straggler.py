@@ -19,10 +19,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from npudist.accelerators.place import Place, iso, next_commands
-from npudist.accelerators.place import where as place_text
+from npudist.diagnosis.place import Place, iso, next_commands
+from npudist.diagnosis.place import where as place_text
+from npudist.diagnosis.straggler.skew import SkewReport
 from npudist.runtime.report_file import write_report
-from npudist.telemetry.job.skew import SkewReport
 
 log = logging.getLogger("npudist.telemetry")
 

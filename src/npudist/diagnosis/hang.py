@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from npudist.accelerators.place import Place, iso, next_commands
-from npudist.comm import rank_states
-from npudist.comm.progress_store import BadRecord, GroupInfo, Record, Records, position
-from npudist.comm.rank_states import Look
+from npudist.diagnosis import rank_states
+from npudist.diagnosis.place import Place, iso, next_commands
+from npudist.diagnosis.rank_states import Look
+from npudist.diagnosis.record import BadRecord, GroupInfo, Record, Records, position
 from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 
 FLOOR_S = 10.0

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from npudist.accelerators.place import Place
-from npudist.comm.rank_states import PROCESS_ALIVE, PROCESS_GONE, PROCESS_STOPPED
+from npudist.diagnosis.place import Place
+from npudist.diagnosis.rank_states import PROCESS_ALIVE, PROCESS_GONE, PROCESS_STOPPED
 
 
 def identity(proc: str = "/proc") -> str | None:

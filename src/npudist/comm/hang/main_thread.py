@@ -11,8 +11,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from npudist.comm import rank_states
-from npudist.comm.rank_states import Look
+from npudist.diagnosis import rank_states
+from npudist.diagnosis.rank_states import Look
 
 STACK_CHARS = 4000
 """A probed rank's stack is cut to its innermost frames within this many characters."""
