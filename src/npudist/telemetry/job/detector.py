@@ -1,5 +1,6 @@
 """Moved to ``npudist.diagnosis.straggler.detector`` (docs/architecture.md's layout);
-this path stays an alias of that module for one release, so scripts that import it keep working (tests/test_moved_paths.py)."""
+this path stays an alias of that module for one release, so scripts that import it keep working
+(tests/test_moved_paths.py)."""
 
 import sys
 
