@@ -6,12 +6,12 @@ read without importing torch; Accelerator and detection import it.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
-from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+from npudist._lazy import exports, listing
 
 if TYPE_CHECKING:
     from npudist.accelerators.accelerator import Accelerator
@@ -19,10 +19,15 @@ if TYPE_CHECKING:
     from npudist.accelerators.probe import why_unavailable
     from npudist.accelerators.vendors import BY_NAME, VENDORS, Vendor
 
-# Public name -> the module under npudist.accelerators that defines it.
-_EXPORTS: Mapping[str, str] = MappingProxyType({
-    "Accelerator": "accelerator", "AcceleratorUnavailable": "detect", "accelerator": "detect", "get": "detect",
-    "why_unavailable": "probe", "BY_NAME": "vendors", "VENDORS": "vendors", "Vendor": "vendors",
+_WHERE = MappingProxyType({
+    "Accelerator": "npudist.accelerators.accelerator",
+    "AcceleratorUnavailable": "npudist.accelerators.detect",
+    "accelerator": "npudist.accelerators.detect",
+    "get": "npudist.accelerators.detect",
+    "why_unavailable": "npudist.accelerators.probe",
+    "BY_NAME": "npudist.accelerators.vendors",
+    "VENDORS": "npudist.accelerators.vendors",
+    "Vendor": "npudist.accelerators.vendors",
 })
 
 __all__ = [
@@ -37,16 +42,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'npudist.accelerators' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"npudist.accelerators.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__ = exports(__name__, _WHERE)
+__dir__ = listing(__name__, _WHERE)
 
 
 class _Package(types.ModuleType):

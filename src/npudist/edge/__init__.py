@@ -6,7 +6,7 @@ Names load on first use, so `npudist edge --help` does not import numpy.
 
 from types import MappingProxyType
 
-from npudist._lazy import exports
+from npudist._lazy import exports, listing
 
 _WHERE = MappingProxyType({
     "ConversionError": "npudist.edge.conversion",
@@ -22,3 +22,4 @@ _WHERE = MappingProxyType({
 __all__ = sorted(_WHERE)
 
 __getattr__ = exports(__name__, _WHERE)
+__dir__ = listing(__name__, _WHERE)

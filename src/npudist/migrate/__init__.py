@@ -4,18 +4,20 @@ The names load on first use, so the `npudist` command (which registers `migrate`
 without libcst, such as the RKNN toolkit's.
 """
 
-from __future__ import annotations
-
-import importlib
 from types import MappingProxyType
-from typing import Any
 
-_EXPORTS = MappingProxyType({"RULES": "rules", "Rule": "rules", "Analysis": "scan", "Finding": "scan",
-                             "analyse": "scan", "Fixed": "fix", "apply": "fix"})
-__all__ = sorted(_EXPORTS)
+from npudist._lazy import exports, listing
 
+_WHERE = MappingProxyType({
+    "RULES": "npudist.migrate.rules",
+    "Rule": "npudist.migrate.rules",
+    "Analysis": "npudist.migrate.scan",
+    "Finding": "npudist.migrate.scan",
+    "analyse": "npudist.migrate.scan",
+    "Fixed": "npudist.migrate.fix",
+    "apply": "npudist.migrate.fix",
+})
+__all__ = sorted(_WHERE)
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'npudist.migrate' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"npudist.migrate.{_EXPORTS[name]}"), name)
+__getattr__ = exports(__name__, _WHERE)
+__dir__ = listing(__name__, _WHERE)

@@ -3,6 +3,9 @@
 ``define`` wraps torch.library.custom_op (torch >= 2.4); ``swish``/``Swish`` is the worked example.
 """
 
+from types import MappingProxyType
+
+from npudist._lazy import exports, listing
 from npudist.ops.ctypes_kernel import CtypesKernel, KernelConstraints, KernelError, aligned_empty, conform
 from npudist.ops.custom import KernelDeclined, Operator, OpsUnavailable, define, require_custom_op
 
@@ -24,11 +27,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The swish operators are registered with torch on first use of these names, not on `import npudist.ops`,
-    # so importing the package on torch < 2.4 still works and can report OpsUnavailable where it matters.
-    if name in ("Swish", "swish", "swish_backward", "register_swish_kernel"):
-        from npudist.ops import activations
+# The swish operators are registered with torch on first use of these names, not on `import npudist.ops`,
+# so importing the package on torch < 2.4 still works and can report OpsUnavailable where it matters.
+_WHERE = MappingProxyType(dict.fromkeys(("Swish", "swish", "swish_backward", "register_swish_kernel"),
+                                        "npudist.ops.activations"))
 
-        return getattr(activations, name)
-    raise AttributeError(f"module 'npudist.ops' has no attribute {name!r}")
+__getattr__ = exports(__name__, _WHERE)
+__dir__ = listing(__name__, _WHERE)

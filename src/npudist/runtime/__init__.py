@@ -8,17 +8,17 @@ live above them in ``npudist.lifecycle``. Names load on first use (as in ``npudi
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from npudist._lazy import exports, listing
 
 if TYPE_CHECKING:
     from npudist.runtime.env import EnvError, RankInfo, rank_info, torchrun_env
     from npudist.runtime.settings import Settings, SettingsError
     from npudist.runtime.state import Runtime, current
 
-_EXPORTS: Mapping[str, str] = MappingProxyType({
+_WHERE = MappingProxyType({
     "EnvError": "npudist.runtime.env",
     "RankInfo": "npudist.runtime.env",
     "rank_info": "npudist.runtime.env",
@@ -41,11 +41,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'npudist.runtime' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__ = exports(__name__, _WHERE)
+__dir__ = listing(__name__, _WHERE)

@@ -6,7 +6,7 @@ for numpy and the rank exporter.
 
 from types import MappingProxyType
 
-from npudist._lazy import exports
+from npudist._lazy import exports, listing
 
 _WHERE = MappingProxyType({
     "RankTelemetry": "npudist.telemetry.exposition.rank_exporter",
@@ -25,3 +25,4 @@ _WHERE = MappingProxyType({
 __all__ = sorted(_WHERE)
 
 __getattr__ = exports(__name__, _WHERE)
+__dir__ = listing(__name__, _WHERE)
