@@ -120,7 +120,7 @@ def test_alerts_and_docs_use_the_shared_thresholds():
     from tests.conftest import REPO
 
     by_alert = {a.name: a for a in rules.ALERTS}
-    docs = (REPO / "docs" / "reference" / "dashboards.md").read_text() + (REPO / "docs" / "runbook.md").read_text()
+    docs = (REPO / "docs" / "guide" / "observing.md").read_text() + (REPO / "docs" / "runbook.md").read_text()
     for t in thresholds.THRESHOLDS.values():
         alert = by_alert[t.alert]
         assert re.search(rf"> {re.escape(f'{t.value:g}')}\)?$", alert.expr), alert.expr
