@@ -224,7 +224,7 @@ def exporter(
     interval: str = typer.Option("5s", help="Time between device reads, e.g. 5s, 500ms, 1m."),
     collectors: str = typer.Option("all", help="Reliability/network collectors or families to serve, e.g. "
                                    "all,-optical,-npudist_link_pfc_priority_frames_total "
-                                   "(docs/telemetry.md: Collectors)."),
+                                   "(docs/reference/telemetry.md: Reliability)."),
     collectors_file: str = typer.Option(None, help="File of --collectors entries, one per line (# comments)."),
 ) -> None:
     from npudist.telemetry.exposition import node_exporter as node

@@ -97,7 +97,7 @@ def peer_holder(the_plan: LaunchPlan) -> Iterator[None]:
             print(f"npudist launch: no rank has sent a peer snapshot in the {seconds:.0f} s this job has run: "
                   "nothing is protected by in-memory copies (a script must call npudist.checkpoint."
                   "peer_snapshots() and, every step, peer.due(step) and peer.snapshot(state, step); see "
-                  "docs/fault-tolerance.md)", file=sys.stderr, flush=True)
+                  "docs/guide/fault-tolerance.md)", file=sys.stderr, flush=True)
 
     with holder.serving(the_plan.peer_bind, secret=bytes.fromhex(secret),
                         max_bytes=holder.max_copy_bytes()) as server:

@@ -265,7 +265,7 @@ def check(record: Any) -> dict[str, Any]:
 
 
 def markdown_table() -> str:
-    """The docs' table of record kinds (docs/report.md), generated so it cannot drift from the schema."""
+    """The docs' table of record kinds (docs/reference/report.md), generated so it cannot drift from the schema."""
     lines = ["| kind | written | fields (* required) |", "|---|---|---|"]
     for k in KINDS.values():
         fields = ", ".join(f"`{f.name}`{'*' if f.required else ''} ({TYPES[f.type][1]}: {f.doc})" for f in k.fields)

@@ -42,7 +42,7 @@ def test_a_skewed_run_ends_with_a_summary(skewed):
                        r"slowest in 10 of 10 windows \(median ([\d.]+)x the median of the others\), below the flag "
                        r"threshold$", summary[0])
     # Two ranks learn a rank that is slow from the first step as noise unless its window-to-window changes
-    # are quiet: on a loaded host it may stay below the threshold for 10 windows (docs/straggler.md). Either
+    # are quiet: on a loaded host it may stay below the threshold for 10 windows (docs/engineering/straggler.md). Either
     # way the summary must say who and how slow, and where the diagnoses are.
     assert (skew is not None and int(skew.group(1)) >= 1 and float(skew.group(2)) > 1.3) or \
         (slowest is not None and float(slowest.group(1)) > 1.3), summary[0]

@@ -1,7 +1,7 @@
 """The port: every CUDA device form becomes the one ``ctx`` device, no rewrite makes dead code live, and the
 idioms script (corpus/idioms/train.py, the forms the PyTorch docs and examples use) trains after ``fix``.
 
-Expected texts are the ported forms as docs/migrate.md states them, written before running the tool.
+Expected texts are the ported forms as docs/guide/migrating.md states them, written before running the tool.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def test_a_1_3x_rank_among_4_is_flagged_within_3_windows_from_a_10_window_histor
 
 def test_2_ranks_come_close_to_the_best_any_rule_can_do_from_a_10_window_history():
     """No scale-invariant rule flags more than 75.3 % within 3 windows at 1e-4 false windows per window
-    (benchmarks/straggler_bound.py, docs/straggler.md); the replay gives about 66 %, the old detector 2.5 %."""
+    (benchmarks/straggler_bound.py, docs/engineering/straggler.md); the replay gives about 66 %, the old
+    detector 2.5 %."""
     rate, others = _short_history(2, 80, 95002)
     assert rate >= 0.55 and others == 0, (rate, others)
 

@@ -3,7 +3,7 @@
 Why a secret and not the network alone: a holder keeps a job's model and optimizer state, and the job
 resumes from what it hands back; anyone who can connect could otherwise read the state or plant a copy.
 Why not the rendezvous store: torch's TCPStore has no authentication, so anyone who can reach the job
-could read a secret kept there (docs/security.md).
+could read a secret kept there (docs/reference/security.md).
 
 Where the secret comes from, first match wins (``launch_secret``):
 

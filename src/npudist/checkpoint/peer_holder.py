@@ -11,7 +11,7 @@ computed (a copy whose bytes do not match is refused on arrival). Two, so that a
 newest copy was in flight still has the previous step that the other ranks also hold. The reader checks
 the sha256 again on fetch (peer.py): memory that changed after arrival is refused there.
 
-Only the job may use it (docs/security.md): every request carries an HMAC of its header under the job's
+Only the job may use it (docs/reference/security.md): every request carries an HMAC of its header under the job's
 secret (peer_auth.py), checked before anything else is read; the header names the payload's size and
 sha256, so the MAC covers the payload too. A copy larger than the job declared (``MAX_BYTES_VAR``) is
 refused from its header, and a body is kept only as its bytes arrive, so no claim makes the holder

@@ -62,7 +62,7 @@ def next_steps(out: Path, opts: ExportOptions) -> list[str]:
         f"  Grafana:          copy {out / 'provisioning'} to /etc/grafana/provisioning and {out / 'grafana'} to "
         f"{opts.dashboards_path}, then restart Grafana",
         "  or all at once on this host: npudist observe -- npudist launch --metrics-port 9500 --targets-file "
-        "runs/demo/targets.json train.py  (docs/observing.md)",
+        "runs/demo/targets.json train.py  (docs/guide/observing.md)",
     ]
 
 

@@ -1,7 +1,7 @@
 """Dashboard data (panels.py) -> Grafana dashboard JSON (schema 39, Grafana 10/11).
 
 Plain dicts rather than grafana-foundation-sdk: that package could not be installed from this project's
-package index (see docs/dashboards.md); the JSON below follows Grafana's dashboard model
+package index (see docs/guide/observing.md); the JSON below follows Grafana's dashboard model
 (https://grafana.com/docs/grafana/latest/dashboards/build-dashboards/view-dashboard-json-model/).
 """
 

@@ -158,7 +158,7 @@ def network_policy(opts: K8sOptions) -> dict[str, Any]:
     """The job's pods accept traffic from each other only, plus Prometheus on the metrics ports.
 
     The c10d rendezvous store trusts whoever reaches it: anyone who connects to the rendezvous port can
-    set the keys every rank reads, the control counter that aborts them all included (docs/security.md).
+    set the keys every rank reads, the control counter that aborts them all included (docs/reference/security.md).
     Collective traffic (gloo, NCCL sockets) uses ports chosen at run time, so peers are allowed on any port.
     """
     labels = job_labels(opts)

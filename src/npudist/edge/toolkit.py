@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 MAKE_ENV = "make rknn-env"
-"""The one command (docs/edge-and-inference.md) that builds the toolkit's environment (scripts/rknn-env.sh)."""
+"""The one command (docs/guide/edge-and-inference.md) that builds the toolkit's environment (scripts/rknn-env.sh)."""
 ENV_PYTHON = ".venv-rknn/bin/python"
 """Where that command puts the environment's interpreter, relative to the checkout."""
 

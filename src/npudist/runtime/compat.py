@@ -4,7 +4,7 @@ Ascend users run the torch their torch_npu release pairs with (torch_npu exists 
 npudist supports torch from 2.1 and must not assume a newer API anywhere else. Each row names the torch
 version the API or behaviour starts at; code asks ``has(name)`` or ``require(name, what)`` here instead
 of testing versions or attributes itself. The versions were measured with PyPI's torch wheels in fresh
-venvs (docs/support.md) or read from torch's release notes where noted.
+venvs (docs/reference/support.md) or read from torch's release notes where noted.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class NotSimulated(AttributeError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"not simulated: {name} (npudist's simulated NPU provides the torch_npu names listed in "
-                         "docs/simulated-npu.md; run this part of the script on a real Ascend host)")
+                         "docs/guide/simulated-npu.md; run this part of the script on a real Ascend host)")
         self.name = name
 
 
@@ -446,4 +446,4 @@ SIMULATED = (*sorted(name for name, value in vars(SimDeviceModule).items()
                      if not name.startswith("_") and (callable(value) or isinstance(value, type))),
              "amp", "config", "conv", "matmul", "utils")
 """The public names of ``torch.npu`` the simulation provides (transfer_to_npu copies them onto torch.cuda;
-docs/simulated-npu.md lists them)."""
+docs/guide/simulated-npu.md lists them)."""

@@ -5,7 +5,7 @@ patching torch at import: ``torch.cuda`` answers with ``torch.npu``'s functions,
 torch_npu's AMP, ``.cuda()`` is ``.npu()``, a "cuda" device (string, ``torch.device``, or a bare index for
 ``.to``) given to the listed factories and methods becomes "npu", ``init_process_group``'s nccl becomes hccl,
 ``torch.jit.script`` is switched off, and NCCL leaves the default device-backend map. This module applies the
-same list, written here, to the simulated NPU; what it leaves out is in docs/simulated-npu.md (its profiler,
+same list, written here, to the simulated NPU; what it leaves out is in docs/guide/simulated-npu.md (its profiler,
 NPUGraph, ``torch.Generator``/``torch.Event`` proxies, the Triton and inductor patches).
 """
 

@@ -16,7 +16,7 @@ one rank among N is slow):
 3. Evidence accumulates over the last L = 1..``max_windows`` windows: the statistic must pass a threshold
    set so that the *job* sees at most ``false_rate`` flagged windows per window whatever N is (Bonferroni
    over ranks and L). Most of the budget goes to the longest L (``LAST_SHARE``): a 1.3x rank among 4 is
-   then flagged within 3 windows from a 10-window history (docs/straggler.md has the replay and, for
+   then flagged within 3 windows from a 10-window history (docs/engineering/straggler.md has the replay and, for
    2 ranks, the best any rule can do).
 4. At N = 2 a rank slow from the start makes its own past look like noise; a second test with a tenth of the
    budget learns the noise from window-to-window changes of ``x`` (which a constant slowdown does not
@@ -67,7 +67,7 @@ PERSISTENT_SHARE = 0.1
 class DetectorSettings:
     false_rate: float = 1e-4
     """Flagged windows per window the job may see when no rank is slow (all ranks together); the
-    Bonferroni split keeps the replayed rate below it (docs/straggler.md)."""
+    Bonferroni split keeps the replayed rate below it (docs/engineering/straggler.md)."""
     max_windows: int = 3
     """Evidence is accumulated over up to this many consecutive windows."""
     min_slowdown: float = 1.1

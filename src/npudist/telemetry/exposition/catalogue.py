@@ -1,7 +1,7 @@
 """Every metric npudist exports, as data: the single source of truth for collectors, docs and dashboards.
 
 Collectors build their families from these rows (``family()``), so a name, type, help text or label set
-cannot drift between the exporter, the docs/telemetry.md table and dashboard queries. Rows are checked by
+cannot drift between the exporter, the docs/reference/telemetry.md table and dashboard queries. Rows are checked by
 ``validate()`` (a test runs it) against Prometheus naming practice: base units, the unit as the
 name's suffix, ``_total`` on counters (https://prometheus.io/docs/practices/naming/).
 """
@@ -52,7 +52,7 @@ class MetricDef:
     labels: tuple[str, ...]
     """Labels in the order collectors give their values."""
     source: str
-    """Where the value comes from, for the docs/telemetry.md table."""
+    """Where the value comes from, for the docs/reference/telemetry.md table."""
 
 
 _DEV = "device source (npu-smi, rknpu, NVML, cpu)"
@@ -417,7 +417,7 @@ def family(name: str, extra_labels: Sequence[str] = ()) -> Metric:
 
 
 def markdown_table(rows: Iterable[MetricDef] = CATALOGUE) -> str:
-    """The docs/telemetry.md metric table (name, type, unit, labels, source), generated so it cannot drift."""
+    """The docs/reference/telemetry.md metric table (name, type, unit, labels, source), generated so it cannot drift."""
     lines = ["| name | type | unit | labels | source |", "|---|---|---|---|---|"]
     for m in rows:
         lines.append(f"| `{m.name}` | {m.type} | {m.unit or '-'} | {', '.join(m.labels)} | {m.source} |")

@@ -60,7 +60,7 @@ THRESHOLDS: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in (
 
 
 def thresholds_table(rows: Iterable[Threshold] = THRESHOLDS.values()) -> str:
-    """The docs/observing.md threshold table, generated so it cannot drift from the rules and the job's checks."""
+    """The docs/guide/observing.md threshold table, generated so it cannot drift from the rules and the job's checks."""
     lines = ["| threshold | metric | above | for | alert | meaning |", "|---|---|---|---|---|---|"]
     for t in rows:
         lines.append(f"| `{t.name}` | `{t.metric}` | {t.text} | {t.for_} | {t.alert} | {t.why} |")

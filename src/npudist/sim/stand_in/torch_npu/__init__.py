@@ -6,7 +6,7 @@ NPUDIST_SIMULATE is set, as torch_npu's own entry point loads torch_npu. Importi
 as importing the real package registers the device. ``torch_npu.npu`` is ``torch.npu`` (as in torch_npu),
 with ``amp`` and ``utils``; ``torch_npu.contrib.transfer_to_npu`` ports CUDA scripts as Huawei's does. A
 torch_npu name or submodule that is not simulated raises "not simulated: NAME" instead of a bare
-AttributeError or ModuleNotFoundError (docs/simulated-npu.md lists both kinds).
+AttributeError or ModuleNotFoundError (docs/guide/simulated-npu.md lists both kinds).
 """
 
 from __future__ import annotations
