@@ -12,7 +12,6 @@ whose close (``shutdown()``, or the exit hook of a run that skips it) waits for 
 
 from __future__ import annotations
 
-import bisect
 import logging
 import queue
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from npudist.checkpoint.staging import HostStaging
+from npudist.runtime.histogram import Histogram
 from npudist.runtime.state import current
 
 log = logging.getLogger("npudist.checkpoint")
@@ -59,21 +59,9 @@ class CheckpointStats:
     """The in-memory peer snapshots' PeerStats (peer.py), when they are on."""
 
 
-class _Hist:
-    def __init__(self) -> None:
-        self.counts = [0] * len(DURATION_BUCKETS)
-        self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[min(bisect.bisect_left(DURATION_BUCKETS, seconds), len(self.counts) - 1)] += 1
-        self.total += seconds
-
-    def snapshot(self) -> Durations:
-        running, pairs = 0, []
-        for bound, n in zip(DURATION_BUCKETS, self.counts, strict=True):
-            running += n
-            pairs.append((bound, running))
-        return Durations(tuple(pairs), self.total, running)
+def _durations(histogram: Histogram) -> Durations:
+    b = histogram.snapshot()
+    return Durations(b.pairs, b.sum, b.count)
 
 
 class SaveHandle:
@@ -115,7 +103,7 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._job: SaveHandle | None = None
         self._staging: HostStaging | None = None
-        self._snapshot, self._write = _Hist(), _Hist()
+        self._snapshot, self._write = Histogram(DURATION_BUCKETS), Histogram(DURATION_BUCKETS)
         self._bytes = self._waits = self._failures = 0
         self._thread: threading.Thread | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -189,7 +177,7 @@ class CheckpointWriter:
 
     def stats(self) -> CheckpointStats:
         with self._lock:
-            return CheckpointStats(self._snapshot.snapshot(), self._write.snapshot(), self._bytes,
+            return CheckpointStats(_durations(self._snapshot), _durations(self._write), self._bytes,
                                    int(self._job is not None and not self._job.done()), self._waits,
                                    self._failures, self.peer.snapshot_stats() if self.peer is not None else None)
 

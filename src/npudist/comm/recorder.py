@@ -9,9 +9,10 @@ device before stopping the clock. ``set_recording(False)`` turns recording off (
 
 from __future__ import annotations
 
-import bisect
 import threading
 from dataclasses import dataclass
+
+from npudist.runtime.histogram import Histogram
 
 # Seconds; the exporter turns these into the histogram of npudist_collective_duration_seconds.
 DURATION_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, float("inf"))
@@ -50,18 +51,18 @@ class CommStats:
 
 
 class _Counter:
-    __slots__ = ("adaptations", "buckets", "bytes", "calls", "duration_sum", "inflight")
+    __slots__ = ("adaptations", "bytes", "calls", "durations", "inflight")
 
     def __init__(self) -> None:
         self.inflight = 0
+        self.durations = Histogram(DURATION_BUCKETS)
         self.clear()
 
     def clear(self) -> None:
         """Forget finished calls (in place: a hot path may hold this counter); in-flight ones stay."""
         self.calls = 0
         self.bytes = 0
-        self.duration_sum = 0.0
-        self.buckets = [0] * len(DURATION_BUCKETS)
+        self.durations.clear()
         self.adaptations = dict.fromkeys(ADAPTATION_KINDS, 0)
 
 
@@ -96,7 +97,7 @@ class Recorder:
                kinds: tuple[str, ...] | list[str] = ()) -> None:
         """One finished call: its payload bytes, wall time and the adaptations it needed.
 
-        On the hot path of every collective, so no lock: snapshot() derives the histogram count from the
+        On the hot path of every collective, so no lock: the histogram's snapshot derives its count from the
         buckets, which keeps a snapshot taken mid-update self-consistent.
         """
         if not self.enabled:
@@ -108,8 +109,7 @@ class Recorder:
         """One finished call into a counter the caller holds (from counter())."""
         c.calls += 1
         c.bytes += nbytes
-        c.duration_sum += seconds
-        c.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        c.durations.observe(seconds)
         if kinds:
             adaptations = c.adaptations
             for kind in kinds:
@@ -133,15 +133,12 @@ class Recorder:
             items = sorted(self._counters.items())
             out = []
             for (op, backend), c in items:
-                if not (c.calls or c.inflight or any(c.buckets)):
+                durations = c.durations.snapshot()
+                if not (c.calls or c.inflight or durations.count):
                     continue  # nothing since the last reset()
-                cumulative, running = [], 0
-                for bound, n in zip(DURATION_BUCKETS, list(c.buckets), strict=True):
-                    running += n
-                    cumulative.append((bound, running))
                 out.append(OpStats(op=op, backend=backend, calls=c.calls, bytes=c.bytes,
-                                   duration_sum_seconds=c.duration_sum, duration_count=running,
-                                   duration_buckets=tuple(cumulative), inflight=c.inflight,
+                                   duration_sum_seconds=durations.sum, duration_count=durations.count,
+                                   duration_buckets=durations.pairs, inflight=c.inflight,
                                    adaptations=dict(c.adaptations)))
         return CommStats(ops=tuple(out))
 
