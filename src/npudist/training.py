@@ -107,9 +107,13 @@ def ddp(model: Any, **ddp_kwargs: Any) -> Any:
     from npudist.comm.ddp import ddp as make_ddp
 
     wrapped = make_ddp(model, **ddp_kwargs)
-    loop = getattr(peek(), "loop", None)
+    rt = peek()
+    loop = getattr(rt, "loop", None)
     if loop is not None:
         loop.watch_model(wrapped)
+    from npudist import sentinel
+
+    sentinel.attach(rt, wrapped)  # NaN/Inf and loss spikes (NPUDIST_SENTINEL=off: nothing)
     return wrapped
 
 
@@ -117,6 +121,7 @@ def _watch_exit(loop: Any) -> Any:
     """Ctrl-C's one line on rank 0 (instead of a traceback on every rank), and no end summary after a
     failure: a SIGINT handler (only where the script kept Python's default) and an excepthook, both given
     back at close."""
+    from npudist.sentinel import NonFiniteError
     from npudist.telemetry.job.console import Interrupt
 
     interrupt = None
@@ -127,6 +132,10 @@ def _watch_exit(loop: Any) -> Any:
 
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         loop.failed = True
+        if issubclass(exc_type, NonFiniteError):  # every rank stops in the same step: one line, no tracebacks
+            if loop.ctx.is_main:
+                print(str(exc), flush=True)
+            return
         interrupted = interrupt.caused(exc) if interrupt is not None else issubclass(exc_type, KeyboardInterrupt)
         if not interrupted:
             previous(exc_type, exc, tb)

@@ -161,7 +161,10 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
     rank = dist.get_rank() if _distributed() else 0
     final, tmp = root / step_dir_name(step), root / tmp_dir_name(step)
     error = writer().settle()  # at most one save in flight, and its failure is this call's failure
+    nonfinite = _nonfinite_refusal(state, step)
     if async_save and not sharded:
+        # Plain state is DDP's replica, the same on every rank: each rank finds the same NaN and raises.
+        error = error or nonfinite
         # Plain state has one writer, rank 0, so there is nothing to agree on: no collective here,
         # which would make every save wait for the slowest rank. Rank 0 raises its own failures.
         if error is None and rank == 0:
@@ -172,9 +175,9 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, *, keep
             else SaveHandle(step)
         writer().record(snapshot_s=time.perf_counter() - began)
         return handle
-    if rank == 0 and error is None:
+    if rank == 0 and error is None and nonfinite is None:
         error = _refusal(root, step, overwrite) or _prepare(root, tmp, step)
-    _raise_if_any(error)  # also orders rank 0's fresh tmp directory before any rank's shard writes
+    _raise_if_any(error or nonfinite)  # also orders rank 0's fresh tmp directory before any rank's shard writes
     if async_save:
         handle = _save_async(state, root, tmp, final, step, keep, True, rank, overwrite)
         writer().record(snapshot_s=time.perf_counter() - began)
@@ -366,6 +369,27 @@ def _save_async(state: dict[str, Any], root: Path, tmp: Path, final: Path, step:
         return _explain_write_error(exc, root, step, tmp if sharded else tmp / STATE_FILE)
 
     return writer().start(step, work, on_error=on_error)
+
+
+def _nonfinite_refusal(state: dict[str, Any], step: int) -> CheckpointError | None:
+    """With the NaN sentinel on (npudist/sentinel.py): no checkpoint after a non-finite stop, and none of a
+    state holding NaN, so the newest checkpoint stays the last finite state (NaN only: a mask buffer may
+    hold -inf by design). Costs one pass over the state's tensors, at save time only."""
+    from npudist.comm.nonfinite import first_nan
+    from npudist.runtime.state import peek
+
+    sentinel = getattr(peek(), "sentinel", None)
+    if sentinel is None:
+        return None
+    if sentinel.stopped is not None:
+        return CheckpointError(f"not saving checkpoint {step}: the job stopped on a non-finite value "
+                               f"({sentinel.stopped.line()})")
+    bad = first_nan(state)
+    if bad is None:
+        return None
+    return CheckpointError(f"not saving checkpoint {step}: {bad} holds NaN, so the newest checkpoint stays the "
+                           "last finite state; look for the step where the loss went non-finite (NPUDIST_SENTINEL="
+                           "scan names the rank and bucket)")
 
 
 def _raise_if_any(error: CheckpointError | None) -> None:

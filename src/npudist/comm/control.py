@@ -169,6 +169,16 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None, *, numbered: boo
     return box[0]
 
 
+def gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj`` (picklable; only trusted npudist values, small: a failure path's findings), by
+    rank, on every rank."""
+    if not distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    _diagnosed("control all_gather", group, lambda: dist.all_gather_object(out, obj, group=group))
+    return out
+
+
 def gather_rows(row: list[float], group: Any = None) -> tuple[list[list[float]], int]:
     """Every rank's ``row`` (equal lengths, float32 on the wire), by rank, and this rank's index."""
     if not distributed():

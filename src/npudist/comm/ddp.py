@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from npudist import comm
 from npudist.comm import context
 from npudist.comm.bucket_call import BucketCall, BucketPlan
+from npudist.comm.nonfinite import NonFiniteFold
 from npudist.comm.state import state
 from npudist.comm.watched import communication_failure
 from npudist.runtime import compat
@@ -49,6 +50,8 @@ class GradientSync:
         """(hook, state) the user registered after npudist.ddp(); buckets then go to it instead."""
         self.plans: dict[int, BucketPlan] = {}
         """Bucket index -> the plan made for the buffer DDP showed under that index."""
+        self.nonfinite: NonFiniteFold | None = None
+        """The sentinel's flag (npudist/sentinel.py), folded into the last bucket of each backward."""
         self._pending: list[Any] = []
         self._futures: list[torch.futures.Future] = []
         self._task: object = None
@@ -87,6 +90,8 @@ class GradientSync:
             raise
         for call in pending:
             self.wait_seconds += call.seconds or 0.0
+        if self.nonfinite is not None:
+            self.nonfinite.reduced()
 
 
 def _hook(sync: GradientSync, bucket):  # DDP checks these annotations: they must stay empty
@@ -100,6 +105,8 @@ def _hook(sync: GradientSync, bucket):  # DDP checks these annotations: they mus
     if plan is None or plan.buf is not buf or plan.ctx is not ctx:
         plan = sync.plan(index, buf, ctx)
     sync.buckets += 1
+    if sync.nonfinite is not None:
+        sync.nonfinite.before_reduce(bucket, buf)
     if plan.fast:
         if plan.scale is not None:
             buf.mul_(plan.scale)  # DDP's default: scale by 1/world first, then sum

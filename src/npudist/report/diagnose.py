@@ -20,6 +20,7 @@ from npudist.report import verdicts as v
 from npudist.report.records import Problem, ReportError, load_run, read_doc
 
 _DOCS = (("hang", re.compile(r"^hang-(attempt\d+|rank\d+)\.json$")),
+         ("nonfinite", re.compile(r"^nonfinite-step\d+\.json$")),
          ("straggler", re.compile(r"^straggler-step\d+(-rank\d+)?\.json$")))
 
 
@@ -51,7 +52,8 @@ def diagnose(run_dir: str | Path) -> Diagnosis:
             except (OSError, ValueError) as exc:
                 out.problems.append(Problem(entry.name, None, f"unreadable ({exc})"))
                 continue
-            out.verdicts += v.hang_verdicts(doc, entry.name, known)
+            read = v.nonfinite_verdicts if kind == "nonfinite" else v.hang_verdicts
+            out.verdicts += read(doc, entry.name, known)
             continue
         leftover = layout.parse_leftover(entry.name)
         step = layout.parse_step(entry.name)

@@ -75,6 +75,8 @@ class ReportData:
     """Straggler diagnosis file name -> what it says (rank, host, card, ratio, cause, next command)."""
     work_time: tuple[Series, ...] = ()
     """Per rank, mean work time per step per skew window (excludes the wait in collectives)."""
+    aborted: tuple[Verdict, ...] = ()
+    """Why npudist stopped the job (a hang, a non-finite loss), most severe first; empty: it was not stopped."""
 
 
 DEVICE_PLOTS = (
@@ -322,6 +324,18 @@ def card(run: RunRecords) -> tuple[tuple[str, str], ...]:
     )
 
 
+def aborted(run: RunRecords) -> tuple[Verdict, ...]:
+    """The verdicts of the stop records in the run directory; a verdict that rank 0's hang-attempt file and a
+    failing rank's hang-rank file both carry (same kind, rank and time) is said once."""
+    known = verdicts.places(run.records)
+    found: dict[tuple[str, int | None, float | None], Verdict] = {}
+    for name, doc in sorted(run.abort_docs.items()):
+        read = verdicts.nonfinite_verdicts if name.startswith("nonfinite-") else verdicts.hang_verdicts
+        for verdict in read(doc, name, known):
+            found.setdefault((verdict.kind, verdict.rank, verdict.time), verdict)
+    return tuple(verdicts.ordered(list(found.values())))
+
+
 def build(run: RunRecords) -> ReportData:
     """Everything the page shows, computed from the records of one run directory."""
     times = [r["time"] for r in run.records]
@@ -342,4 +356,5 @@ def build(run: RunRecords) -> ReportData:
         diagnosis_verdicts={name: found for name, doc in run.diagnosis_docs.items()
                             if (found := verdicts.straggler_verdict(doc, name, verdicts.places(run.records)))},
         checkpoints=tuple(run.checkpoints),
+        aborted=aborted(run),
     )

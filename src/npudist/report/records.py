@@ -70,6 +70,9 @@ class RunRecords:
     """File name -> the diagnosis document, for those that could be read (read_doc)."""
     checkpoints: list[RunFile] = field(default_factory=list)
     """RUN_DIR/step-<N>/ checkpoint directories (size: the files in them), by step."""
+    abort_docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """File name -> a document saying the job was stopped: a hang verdict (hang-attempt*.json,
+    hang-rank*.json) or a non-finite stop (nonfinite-step*.json)."""
 
 
 _DIAGNOSIS = re.compile(r"^straggler-step(\d+)(?:-rank\d+)?\.json$")
@@ -77,6 +80,8 @@ MAX_DOC = 4 << 20
 """Largest diagnosis document read (bytes); a hang report over 8,192 ranks is a few MiB at most."""
 _OPEN_DOC = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
+ABORT_DOCS = re.compile(r"^(hang-(attempt|rank)\d+|nonfinite-step\d+)\.json$")
+"""What npudist writes when it stops a job: the hang reader's verdicts and the NaN sentinel's stop."""
 
 
 def run_files(root: Path) -> tuple[list[RunFile], list[RunFile]]:
@@ -259,4 +264,10 @@ def load_run(run_dir: str | Path) -> RunRecords:
             out.diagnosis_docs[f.path.name] = read_doc(f.path)
         except (OSError, ValueError) as exc:
             out.problems.append(Problem(f.path.name, None, f"unreadable diagnosis ({exc})"))
+    for entry in sorted(root.iterdir()):
+        if ABORT_DOCS.match(entry.name):
+            try:
+                out.abort_docs[entry.name] = read_doc(entry)
+            except (OSError, ValueError) as exc:
+                out.problems.append(Problem(entry.name, None, f"unreadable stop record ({exc})"))
     return out

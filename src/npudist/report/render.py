@@ -19,6 +19,7 @@ from npudist.report.svg import line_chart, number_label
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 980px; color: #222; }
+.aborted { border: 2px solid #b00020; background: #fff0f0; padding: 8px 12px; margin: 8px 0; }
 h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 28px; }
 table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
 td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; } th { background: #f0f0f0; }
@@ -173,6 +174,22 @@ def _checkpoints(data: ReportData) -> str:
                   size=True)
 
 
+ABORT_HEADINGS = MappingProxyType({"hang": "Aborted: the job hung",
+                                   "nonfinite": "Aborted: a loss or gradient went NaN/Inf"})
+
+
+def _aborted(data: ReportData) -> str:
+    """The run's end, first on the page when npudist stopped it: what stopped it, where, and the verdict."""
+    if not data.aborted:
+        return ""
+    first = data.aborted[0]
+    rows = "".join(f"<li>{escape(verdicts.where(v.rank, v.place))}: {escape(v.summary)} "
+                   f"<small>({escape(v.source)})</small></li>" for v in data.aborted[:8])
+    more = f"<p>and {len(data.aborted) - 8} more</p>" if len(data.aborted) > 8 else ""
+    heading = ABORT_HEADINGS.get(first.kind, "Aborted")
+    return f'<div class="aborted" id="aborted"><strong>{escape(heading)}</strong><ul>{rows}</ul>{more}</div>'
+
+
 def _card(data: ReportData) -> str:
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in data.card)
     return f'<dl class="card" id="card">{items}</dl>'
@@ -232,6 +249,7 @@ def _problems(data: ReportData) -> str:
 def render(data: ReportData, title: str) -> str:
     """The whole page; ``title`` (usually the run directory) is escaped like every other text."""
     sections = [
+        _aborted(data),
         _card(data),
         _section("summary", "Run", _table(("", ""), data.summary, left=2)),
         _section("loss", "Loss", _loss(data)),

@@ -16,7 +16,7 @@ from typing import Any
 
 from npudist.diagnosis.place import Place, from_doc, iso, next_commands, where
 
-KINDS = ("hang", "straggler", "checkpoint")
+KINDS = ("hang", "nonfinite", "straggler", "checkpoint")
 """Verdict kinds, most severe first."""
 _HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
 """Unicode categories that do not print as themselves: controls (ESC starts a terminal escape, a new line
@@ -94,6 +94,24 @@ def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place
         place = from_doc(extra if isinstance(extra, dict) else {}, known.get(rank) if rank is not None else None)
         state = extra.get("state") if isinstance(extra, dict) and isinstance(extra.get("state"), str) else None
         out.append(Verdict("hang", line, rank, place, at, next_commands("hang", place, state=state), source))
+    return out
+
+
+def nonfinite_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place]) -> list[Verdict]:
+    """A nonfinite-step*.json document (npudist/sentinel.py: every rank stopped on a NaN/Inf loss or gradient):
+    one verdict per named rank, or one without a rank when only a reduced gradient was non-finite."""
+    said = _text(doc.get("line"))
+    step = _int(doc.get("step"))
+    line = from_file(said, source) if said else f"a loss or gradient went non-finite at step {step}"
+    at = _num(doc.get("time"))
+    culprits = [c for c in doc.get("culprits", []) if isinstance(c, dict) and _int(c.get("rank")) is not None] \
+        if isinstance(doc.get("culprits"), list) else []
+    out = []
+    for c in culprits[:8] or [None]:
+        rank = c["rank"] if c is not None else None
+        place = from_doc({"host": c.get("host")} if c is not None else {}, known.get(rank) if rank is not None
+                         else None)
+        out.append(Verdict("nonfinite", line, rank, place, at, (), source))
     return out
 
 

@@ -50,6 +50,18 @@ NODE_VAR = "NPUDIST_NODE_NAME"
 SIMULATE_VAR = "NPUDIST_SIMULATE"
 SIM_CHIPS_VAR = "NPUDIST_SIM_CHIPS"
 DRY_RUN_VAR = "NPUDIST_DRY_RUN"
+SENTINEL_VAR = "NPUDIST_SENTINEL"
+SENTINEL_MODES = ("loss", "scan", "off")
+"""loss: each rank's loss (and the first gradient element of DDP's last bucket) is checked every step, the flag
+riding in that bucket's reduction; scan: also every gradient bucket before it is reduced (about one pass over
+the gradients); off: no check (npudist/sentinel.py)."""
+SPIKE_FACTOR_VAR = "NPUDIST_SPIKE_FACTOR"
+DEFAULT_SPIKE_FACTOR = 10.0
+"""A loss above 10x its running maximum is a spike (Megatron-LM's spiky-loss threshold)."""
+SKIP_WARN_VAR = "NPUDIST_SKIP_WARN"
+DEFAULT_SKIP_WARN = 20
+"""GradScaler-skipped steps in a row before a warning: its start-up calibration skips a handful."""
+TENSORBOARD_VAR = "NPUDIST_TENSORBOARD"
 
 SIMULATE_MODES = ("npu", "npu:strict")
 """What NPUDIST_SIMULATE and ``npudist launch --simulate`` accept (npudist.sim.MODES says what each does)."""
@@ -115,6 +127,16 @@ class Settings:
     dry_run_steps: int | None = None
     """NPUDIST_DRY_RUN: after this many optimizer steps the rank saves and loads back a checkpoint and ends
     the script (``npudist launch --dry-run[=N]``, npudist/dry_run.py); None: the script runs as written."""
+    sentinel: str = "loss"
+    """NPUDIST_SENTINEL: the NaN/Inf sentinel's mode, loss (default), scan or off (SENTINEL_MODES)."""
+    spike_factor: float = DEFAULT_SPIKE_FACTOR
+    """NPUDIST_SPIKE_FACTOR: a loss above this multiple of its running maximum warns as a spike."""
+    skip_warn: int = DEFAULT_SKIP_WARN
+    """NPUDIST_SKIP_WARN: optimizer steps in a row skipped for non-finite gradients (a GradScaler) before a
+    warning."""
+    tensorboard: str | None = None
+    """NPUDIST_TENSORBOARD: a directory for TensorBoard event files of the watched loop's numbers
+    (``npudist launch --tensorboard DIR``; needs the ``tensorboard`` package); None: none written."""
 
     @property
     def forced_accelerator(self) -> str | None:
@@ -151,6 +173,10 @@ class Settings:
             simulate=_simulate(text(SIMULATE_VAR)),
             sim_chips=_positive(SIM_CHIPS_VAR, text(SIM_CHIPS_VAR)) or 8,
             dry_run_steps=_positive(DRY_RUN_VAR, text(DRY_RUN_VAR)),
+            sentinel=_choice(SENTINEL_VAR, text(SENTINEL_VAR), SENTINEL_MODES),
+            spike_factor=_factor(text(SPIKE_FACTOR_VAR)),
+            skip_warn=_positive(SKIP_WARN_VAR, text(SKIP_WARN_VAR)) or DEFAULT_SKIP_WARN,
+            tensorboard=text(TENSORBOARD_VAR),
         )
 
 
@@ -167,6 +193,8 @@ _RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     PORT_VAR: (0, 65535, "the base port (0: any free port)"),
     CPU_NPROC_VAR: (1, 1024, "ranks per node"),
     DRY_RUN_VAR: (1, 1_000_000, "optimizer steps"),
+    SPIKE_FACTOR_VAR: (1.01, 1e9, "a multiple of the running maximum loss"),
+    SKIP_WARN_VAR: (1, 1_000_000, "skipped steps in a row"),
 })
 
 
@@ -189,6 +217,15 @@ def _seconds(raw: str | None, name: str = TIMEOUT_VAR) -> float | None:
     value = float(raw)
     _in_range(name, raw, value, "the timeout must be a positive number of seconds")
     return value
+
+
+def _factor(raw: str | None) -> float:
+    if raw is None:
+        return DEFAULT_SPIKE_FACTOR
+    if not _DECIMAL.fullmatch(raw):
+        raise SettingsError(f"{SPIKE_FACTOR_VAR}={raw!r} is not a number; {_allowed(SPIKE_FACTOR_VAR)}")
+    _in_range(SPIKE_FACTOR_VAR, raw, float(raw), "a spike must be a loss above its running maximum")
+    return float(raw)
 
 
 def _choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
