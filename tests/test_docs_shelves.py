@@ -66,3 +66,39 @@ def test_the_package_finder_sees_nested_packages_and_skips_stand_ins():
     found = _packages()
     assert {"comm", "telemetry/sources/npu_smi"} <= found
     assert not [p for p in found if p.startswith("sim/stand_in")]
+
+
+def test_the_settings_page_names_every_variable_npudist_reads():
+    """Every "NPUDIST_..." string in the code is a variable someone may meet: the settings page names each (as a
+    setting, or under "Not settings")."""
+    text = (DOCS / "reference" / "settings.md").read_text()
+    read = {m for p in (SRC / "npudist").rglob("*.py") for m in re.findall(r"[\"'`](NPUDIST_[A-Z0-9_]*[A-Z0-9])\b",
+                                                                            p.read_text())}
+    assert len(read) >= 20, "the variable finder finds too little; update this test"
+    missing = sorted(v for v in read if f"`{v}`" not in text)
+    assert not missing, f"docs/reference/settings.md does not name: {missing}"
+
+
+def _commands() -> list[str]:
+    """Every command line `npudist X [Y]` can run, the lazily loaded groups (bench, deploy) resolved too."""
+    import typer
+
+    from npudist.cli import app
+
+    root = typer.main.get_command(app)
+    found = []
+    with typer.Context(root) as ctx:
+        for name in root.list_commands(ctx):
+            _, cmd, _ = root.resolve_command(ctx, [name])
+            sub = typer.Context(cmd, parent=ctx)
+            subs = cmd.list_commands(sub) if hasattr(cmd, "list_commands") else []
+            found += [f"npudist {name} {s}" for s in subs] or [f"npudist {name}"]
+    return found
+
+
+def test_the_commands_page_names_every_command():
+    text = (DOCS / "reference" / "commands.md").read_text()
+    commands = _commands()
+    assert {"npudist launch", "npudist bench collective", "npudist deploy slurm"} <= set(commands)
+    missing = [c for c in commands if not re.search(rf"`{re.escape(c)}[` ]", text)]
+    assert not missing, f"docs/reference/commands.md does not name: {missing}"
