@@ -47,6 +47,13 @@ def test_the_index_lists_every_page_and_the_readme_links_the_index():
     assert {INDEX.resolve(), ARCHITECTURE.resolve()} <= _linked(REPO / "README.md")
 
 
+def test_a_newcomer_finds_every_page_from_the_readme_in_one_click():
+    """The README's manual table links every page itself (issue 48: 'finds any page from it in one click')."""
+    linked = _linked(REPO / "README.md")
+    missing = [str(p.relative_to(DOCS)) for p in sorted(DOCS.rglob("*.md")) if p.resolve() not in linked]
+    assert not missing, f"the README's manual does not link: {missing}"
+
+
 def test_the_architecture_page_names_every_package():
     text = ARCHITECTURE.read_text()
     unnamed = sorted(p for p in _packages() if not re.search(rf"(?<![\w/]){re.escape(p)}/", text))
