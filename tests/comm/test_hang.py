@@ -39,7 +39,7 @@ def test_a_rank_past_the_call_the_others_wait_in_skipped_one():
     found = suspects(records)
     assert (found.kind, found.ranks, found.top) == ("ahead", [2], 6)
     verdict = judge(records, found, {2}, {}, now=1.0, stalled_s=11.0, bound_s=10.0)
-    assert "rank(s) 2 ran past it" in verdict["line"] and verdict["not_reached"] == []
+    assert "rank(s) 2 ran past it" in verdict.line and verdict.not_reached == ()
 
 
 def test_two_ranks_out_of_step_blame_the_one_below():
@@ -60,23 +60,23 @@ def test_when_every_rank_is_inside_the_same_call_the_silent_one_is_named():
     found = suspects(records)
     assert found.kind == "all_reached" and found.ranks == [0, 1, 2, 3]
     verdict = judge(records, found, {0, 1, 3}, {}, now=10.0, stalled_s=12.0, bound_s=10.0)
-    assert verdict["culprits"] == [2] and verdict["not_reached"] == []
-    assert "rank 2 inside all_reduce #7" in verdict["line"] and "did not answer" in verdict["line"]
+    assert verdict.culprits == (2,) and verdict.not_reached == ()
+    assert "rank 2 inside all_reduce #7" in verdict.line and "did not answer" in verdict.line
     alive = judge(records, found, {0, 1, 2, 3}, {}, now=10.0, stalled_s=12.0, bound_s=10.0)
-    assert alive["culprits"] == [] and "every rank is alive" in alive["line"]
+    assert alive.culprits == () and "every rank is alive" in alive.line
 
 
 def test_the_verdict_names_the_behind_rank_its_last_call_and_its_stack():
     records = {0: rec(0, 9, "entered", t=1.0), 1: rec(1, 8, t=2.0, step=4), 2: rec(2, 9, "entered", t=1.0)}
     stack = '  File "train.py", line 7, in main\n    step()\n  File "train.py", line 3, in step\n    sleep(9)\n'
     verdict = judge(records, suspects(records), {1}, {1: stack}, now=12.0, stalled_s=11.0, bound_s=10.0)
-    line = verdict["line"]
+    line = verdict.line
     assert line.startswith("npudist hang: no progress for 11.0 s (bound 10.0 s); ranks 0, 2 wait in all_reduce #9")
     assert "rank(s) 1 never reached it: rank 1 after all_reduce #8 (64 bytes, step 4, 10.0 s ago)" in line
     assert "answered: live but stuck" in line and 'File "train.py", line 3, in step' in line
-    assert verdict["not_reached"] == [1] and verdict["reached"] == [0, 2]
-    assert verdict["culprit_ranks"]["1"]["stack"] == stack
-    json.dumps(verdict)  # the report is JSON as it stands
+    assert verdict.not_reached == (1,) and verdict.reached == (0, 2)
+    assert verdict.culprit_ranks[1].stack == stack
+    json.dumps(verdict.to_json())  # the report is JSON as it stands
 
 
 def test_a_verdict_at_scale_lists_a_few_ranks_in_its_line_and_all_in_the_report():
@@ -84,8 +84,8 @@ def test_a_verdict_at_scale_lists_a_few_ranks_in_its_line_and_all_in_the_report(
     for r in range(100, 120):
         records[r] = rec(r, 2)
     verdict = judge(records, suspects(records), set(), {}, now=1.0, stalled_s=11.0, bound_s=10.0)
-    assert verdict["culprits"] == list(range(100, 120)) and "and 12 more" in verdict["line"]
-    assert len(verdict["line"]) < 2000
+    assert verdict.culprits == tuple(range(100, 120)) and "and 12 more" in verdict.line
+    assert len(verdict.line) < 2000
 
 
 def test_a_culprits_card_is_named_with_its_vendors_health_command_only_when_known():
@@ -95,10 +95,12 @@ def test_a_culprits_card_is_named_with_its_vendors_health_command_only_when_know
     who = {1: Place(host="n2", pid=77, local_rank=1, accelerator="npu", card=5, chip=1),
            3: Place(host="n2", pid=78, local_rank=3, accelerator="npu")}  # its physical card is not known
     verdict = judge(records, suspects(records), set(), {}, now=1.0, stalled_s=11.0, bound_s=10.0, who=who)
-    one, three = verdict["culprit_ranks"]["1"], verdict["culprit_ranks"]["3"]
-    assert one["next_commands"] == ["py-spy dump --pid 77 (on n2)", "npu-smi info -t health -i 5 -c 1 (on n2)"]
-    assert three["next_commands"] == ["py-spy dump --pid 78 (on n2)"]  # a logical index would name another card
-    assert (one["accelerator"], one["card"], one["chip"], three["local_rank"]) == ("npu", 5, 1, 3)
+    one, three = verdict.culprit_ranks[1], verdict.culprit_ranks[3]
+    assert one.next_commands == ("py-spy dump --pid 77 (on n2)", "npu-smi info -t health -i 5 -c 1 (on n2)")
+    assert three.next_commands == ("py-spy dump --pid 78 (on n2)",)  # a logical index would name another card
+    assert (one.place.accelerator, one.place.card, one.place.chip, three.place.local_rank) == ("npu", 5, 1, 3)
+    in_file = verdict.to_json()["culprit_ranks"]["1"]  # the report's shape, which npudist diagnose reads
+    assert (in_file["host"], in_file["card"], in_file["next_commands"][0]) == ("n2", 5, "py-spy dump --pid 77 (on n2)")
 
 
 def test_the_bound_comes_from_the_job_and_has_a_floor_and_an_override():
@@ -199,8 +201,8 @@ def test_a_diagnosis_costs_o_n_store_requests(store, world, monkeypatch, tmp_pat
             if wd.record.rank != 5:
                 wd._poll()
     verdict = reader.verdict
-    assert verdict is not None and verdict["culprits"] == [5] and verdict["not_reached"] == [5]
-    assert verdict["culprit_ranks"]["5"]["alive"] is False
+    assert verdict is not None and verdict.culprits == (5,) and verdict.not_reached == (5,)
+    assert verdict.culprit_ranks[5].alive is False
     # Steady: one multi_get a tick and one poll per rank a tick. The diagnosis: every rank reads the probe's
     # list once, and a handful of calls for the probe and the verdict (one check and one multi_get of where the
     # culprits run). O(N) in all, never N^2.
@@ -236,9 +238,9 @@ def test_a_live_suspect_answers_with_its_stack(store, monkeypatch):
     records = reader.read()
     reader._judge(records, 11.0, "")
     verdict = reader.verdict
-    assert verdict["culprits"] == [1] and verdict["culprit_ranks"]["1"]["alive"] is True
-    assert "test_hang.py" in verdict["culprit_ranks"]["1"]["stack"]  # this test's main thread
-    assert math.isclose(verdict["stalled_seconds"], 11.0)
+    assert verdict.culprits == (1,) and verdict.culprit_ranks[1].alive is True
+    assert "test_hang.py" in verdict.culprit_ranks[1].stack  # this test's main thread
+    assert math.isclose(verdict.stalled_seconds, 11.0)
 
 
 def test_the_stall_gauge_is_exported_where_a_reader_runs():
@@ -265,8 +267,8 @@ def test_rank_0_behind_is_judged_by_its_own_reader_without_a_store_probe(store, 
     ranks[0]._publish()
     reader._judge(reader.read(), 12.0, "")
     verdict = reader.verdict
-    assert verdict["culprits"] == [0] and verdict["culprit_ranks"]["0"]["alive"] is True
-    assert "rank(s) 0 never reached it" in verdict["line"] and "broadcast #2" in verdict["line"]
+    assert verdict.culprits == (0,) and verdict.culprit_ranks[0].alive is True
+    assert "rank(s) 0 never reached it" in verdict.line and "broadcast #2" in verdict.line
     assert client.calls["add"] == 0
 
 
@@ -280,7 +282,7 @@ def test_a_live_rank_left_inside_a_call_has_the_ranks_ahead_looked_at_before_it_
     _one_behind(ranks, 0, "broadcast")
     reader._judge(reader.read(), 12.0, "")
     verdict = reader.verdict
-    assert verdict["culprits"] == [0] and verdict["states"] == {"0": "out_of_order"}  # the others answered
+    assert verdict.culprits == (0,) and verdict.states == {0: "out_of_order"}  # the others answered
     assert client.calls["add"] > 0
 
 
@@ -301,7 +303,7 @@ def test_ranks_that_went_on_are_not_blamed_when_the_ranks_they_passed_are_silent
     assert hang.suspects(reader.read()).kind == "ahead"  # what the records alone say
     reader._judge(reader.read(), 12.0, "")
     verdict = reader.verdict
-    assert verdict["culprits"] == [2, 3], verdict["line"]
+    assert verdict.culprits == (2, 3), verdict.line
 
 
 def test_a_job_that_moves_during_the_probe_was_slow_not_hung(store, monkeypatch):
@@ -367,7 +369,7 @@ def test_a_progressing_job_costs_the_standby_nothing_and_a_live_reader_keeps_the
         clock[0] += 1.0
         verdict = verdict or reader.tick()
         assert standby.tick() is None
-    assert verdict is not None and verdict["culprits"] == [3]
+    assert verdict is not None and verdict.culprits == (3,)
     assert standby.verdict is None and clients[1].calls["multi_get"] == 0
 
 
@@ -390,8 +392,8 @@ def test_rank_0_stopped_is_named_by_the_standby_once_its_heartbeat_is_stale(stor
         if quiet:  # waiting less than the floor: not even the heartbeat is read
             assert clients[1].total() == before
     took = clock[0] - json.loads(store.get(hang_reader.heartbeat_key()))["time"]  # from rank 0's last beat
-    assert verdict is not None and verdict["culprits"] == [0] and verdict["not_reached"] == [0]
-    assert verdict["culprit_ranks"]["0"]["alive"] is False
+    assert verdict is not None and verdict.culprits == (0,) and verdict.not_reached == (0,)
+    assert verdict.culprit_ranks[0].alive is False
     assert hang_reader.HEARTBEAT_STALE_S <= took <= hang_reader.HEARTBEAT_STALE_S + 2, took
     assert json.loads(store.get(watchdog.verdict_key()))["culprits"] == [0]  # for the other ranks
 
@@ -412,7 +414,7 @@ def test_a_live_rank_left_inside_a_passed_call_looks_at_a_bounded_number_of_rank
     reader._probe = lambda rs: probed.append(list(rs)) or real_probe(rs)
     _one_behind(ranks, 0, "broadcast")
     reader._judge(reader.read(), 12.0, "")
-    assert reader.verdict["culprits"] == [0] and reader.verdict["states"] == {"0": "out_of_order"}
+    assert reader.verdict.culprits == (0,) and reader.verdict.states == {0: "out_of_order"}
     assert max(len(p) for p in probed) == hang_reader.AHEAD_LOOKED_AT
 
 

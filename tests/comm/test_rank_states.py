@@ -120,7 +120,7 @@ def _job(store, monkeypatch, looks: dict[int, Look | None], world: int = 3,
         ranks.append(wd)
     aborted: list[str] = []
     for wd in ranks:
-        wd._abort = lambda message, verdict=None, box=aborted: box.append(message)
+        wd._abort = lambda message, box=aborted, **said: box.append(message)
 
     def answer(_s):
         for wd in ranks[1:]:
@@ -147,12 +147,14 @@ def _job(store, monkeypatch, looks: dict[int, Look | None], world: int = 3,
     return ranks, reader, clock, aborted
 
 
-def _run(reader, clock, seconds: int) -> list[dict]:
+def _run(reader, clock, seconds: int) -> list:
+    """The verdicts the reader said (printed) in ``seconds`` one-second periods: a period that only updates
+    the stall of the verdict it holds says nothing new."""
     seen = []
     for _ in range(seconds):
         clock[0] += 1.0
         v = reader.tick()
-        if v is not None and (not seen or seen[-1] is not v):
+        if v is not None and (not seen or seen[-1].line != v.line):
             seen.append(v)
     return seen
 
@@ -162,9 +164,9 @@ def test_a_busy_rank_is_reported_once_and_never_aborted(store, monkeypatch, tmp_
     verdicts = _run(reader, clock, 120)
     assert len(verdicts) == 1 and aborted == []
     v = verdicts[0]
-    assert v["states"] == {"1": "busy"} and v["abort_after_seconds"] is None
-    assert v["line"].startswith("npudist busy:") and "live and busy (main thread at 90 % CPU, stack moving)" in \
-        v["line"] and 'File "eval.py", line 9' in v["line"] and "npudist.busy(" in v["line"]
+    assert v.states == {1: "busy"} and v.abort_after_seconds is None
+    assert v.line.startswith("npudist busy:") and "live and busy (main thread at 90 % CPU, stack moving)" in \
+        v.line and 'File "eval.py", line 9' in v.line and "npudist.busy(" in v.line
     assert not list(tmp_path.glob("hang-*.json"))  # a busy rank is not a hang
     assert capfd.readouterr().err.count("npudist busy:") == 1
     assert not store.check([watchdog.verdict_key()])  # the standby may still stand in if rank 0 stops later
@@ -177,8 +179,8 @@ def test_a_busy_rank_that_then_stops_answering_is_aborted_at_the_next_look(store
     assert len(_run(reader, clock, 30)) == 1 and aborted == []
     looks[1], processes[1] = None, "stopped"  # SIGSTOP: its process table says T
     seen = _run(reader, clock, int(hang_reader.REPROBE_S) + 2)
-    assert seen and seen[-1]["states"] == {"1": "stopped"} and aborted  # (the fake abort does not exit)
-    assert "did not answer: stopped (process state: stopped)" in seen[-1]["line"]
+    assert seen and seen[-1].states == {1: "stopped"} and aborted  # (the fake abort does not exit)
+    assert "did not answer: stopped (process state: stopped)" in seen[-1].line
     assert json.loads(store.get(watchdog.verdict_key()))["states"] == {"1": "stopped"}
 
 
@@ -188,9 +190,9 @@ def test_a_rank_whose_gil_is_held_is_starved_not_stopped_and_survives_a_40_s_cal
     node cut off from the store in the same process table looks the same, and must not hang the job)."""
     _, reader, clock, aborted = _job(store, monkeypatch, {1: None}, processes={1: "alive"}, run_dir=str(tmp_path))
     seen = _run(reader, clock, 45)
-    assert seen and all(v["states"] == {"1": "starved"} for v in seen) and aborted == []
-    assert seen[0]["line"].startswith("npudist busy:") and "its watchdog thread is starved" in seen[0]["line"]
-    assert seen[0]["abort_after_seconds"] == 60 and (tmp_path / "hang-attempt0.json").exists()
+    assert seen and all(v.states == {1: "starved"} for v in seen) and aborted == []
+    assert seen[0].line.startswith("npudist busy:") and "its watchdog thread is starved" in seen[0].line
+    assert seen[0].abort_after_seconds == 60 and (tmp_path / "hang-attempt0.json").exists()
     _run(reader, clock, 25)
     assert aborted  # ~67 s of stall
 
@@ -199,8 +201,8 @@ def test_a_silent_rank_on_another_host_is_named_at_once_and_aborted_after_a_minu
     """No process table to look in: silence is not proof of death, so the abort waits SILENT_ABORT_S."""
     _, reader, clock, aborted = _job(store, monkeypatch, {1: None}, processes={}, run_dir=str(tmp_path))
     first = _run(reader, clock, 20)
-    assert first and first[0]["states"] == {"1": "silent"} and first[0]["abort_after_seconds"] == 60
-    assert "not in this host's process table" in first[0]["line"] and aborted == []
+    assert first and first[0].states == {1: "silent"} and first[0].abort_after_seconds == 60
+    assert "not in this host's process table" in first[0].line and aborted == []
     _run(reader, clock, 30)
     assert aborted == []  # ~50 s of stall
     _run(reader, clock, 15)
@@ -210,11 +212,11 @@ def test_a_silent_rank_on_another_host_is_named_at_once_and_aborted_after_a_minu
 def test_a_stuck_rank_is_named_at_once_and_aborted_only_at_the_stuck_bound(store, monkeypatch, tmp_path):
     _, reader, clock, aborted = _job(store, monkeypatch, {1: ASLEEP}, run_dir=str(tmp_path), stuck_timeout_s=60)
     first = _run(reader, clock, 20)
-    assert len(first) == 1 and first[0]["states"] == {"1": "stuck"} and aborted == []
-    assert first[0]["stalled_seconds"] <= 15 and "answered: live but stuck" in first[0]["line"]
-    assert 'File "train.py", line 3, in step' in first[0]["line"] and "time.sleep(1000)" in \
-        first[0]["culprit_ranks"]["1"]["stack"]
-    assert "no progress for 60 s in all (NPUDIST_STUCK_TIMEOUT)" in first[0]["line"]
+    assert len(first) == 1 and first[0].states == {1: "stuck"} and aborted == []
+    assert first[0].stalled_seconds <= 15 and "answered: live but stuck" in first[0].line
+    assert 'File "train.py", line 3, in step' in first[0].line and "time.sleep(1000)" in \
+        first[0].culprit_ranks[1].stack
+    assert "no progress for 60 s in all (NPUDIST_STUCK_TIMEOUT)" in first[0].line
     assert json.loads((tmp_path / "hang-attempt0.json").read_text())["states"] == {"1": "stuck"}
     _run(reader, clock, 30)
     assert aborted == []  # stalled ~50 s < 60 s
@@ -226,8 +228,8 @@ def test_a_declared_phase_is_expected_and_progress_ends_the_episode(store, monke
     front = Look(stack="  File \"front.py\", line 5, in serve\n", busy="waiting for requests", busy_s=40.0)
     ranks, reader, clock, aborted = _job(store, monkeypatch, {1: front}, run_dir=str(tmp_path))
     v = _run(reader, clock, 40)
-    assert len(v) == 1 and v[0]["states"] == {"1": "declared"} and aborted == []
-    assert "declared busy in 'waiting for requests' for 40 s" in v[0]["line"] and "npudist.busy(" not in v[0]["line"]
+    assert len(v) == 1 and v[0].states == {1: "declared"} and aborted == []
+    assert "declared busy in 'waiting for requests' for 40 s" in v[0].line and "npudist.busy(" not in v[0].line
     for wd in ranks:  # rank 1 catches up: the job moves on and the episode is over
         if wd.record.rank == 1:
             wd.done(wd.enter("all_reduce", 8))
@@ -247,8 +249,8 @@ def test_the_abort_names_the_culprit_for_torchrun_and_says_what_happens_next(tmp
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     note = abort_note.restart_note()
     assert "nothing restarts it (--max-restarts 0)" in note and "resumes from the last checkpoint" in note
-    verdict = {"line": "npudist hang: ... rank(s) 1 never reached it: rank 1 (node7 pid 42) ...", "time": 1000.0}
-    abort_note.write_error_file("rank 0: aborting; " + verdict["line"], verdict)
+    line = "npudist hang: ... rank(s) 1 never reached it: rank 1 (node7 pid 42) ..."
+    abort_note.write_error_file("rank 0: aborting; " + line, 1000.0)
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=124, error_file=str(path))
     assert failure.timestamp == 1000  # before the culprit's own exit is seen: torchrun picks it first
     assert "rank 1 (node7 pid 42)" in failure.message["extraInfo"]["py_callstack"]
@@ -294,7 +296,7 @@ def test_hang_reports_are_not_written_through_symlinks_planted_in_the_run_dir(st
         (run_dir / name).symlink_to(victim)
     ranks, reader, clock, _aborted = _job(store, monkeypatch, {1: None}, processes={1: "stopped"},
                                           run_dir=str(run_dir))
-    assert _run(reader, clock, 20)[0]["states"] == {"1": "stopped"}
+    assert _run(reader, clock, 20)[0].states == {1: "stopped"}
     err = ranks[0]._report("all_reduce", 4, 8, ranks[0].record, reader.read(), "timeout", None)
     assert "rank 1 on " in str(err) and err.report["where"]["1"]["pid"] > 0
     assert victim.read_text() == "keep"
@@ -310,12 +312,12 @@ def test_the_dead_are_named_and_the_live_ranks_behind_with_them_are_held_back():
     records.update({r: Record(r, seq=8, state="entered") for r in (1, 2, 3)})
     v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0,
                    processes={2: "gone", 3: "gone"})
-    assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "gone", "3": "gone"}
-    assert v["abort_after_seconds"] == 0 and "rank(s) 1 answered but wait on them" in v["line"]
+    assert v.culprits == (2, 3) and v.held_back == (1,) and v.states == {2: "gone", 3: "gone"}
+    assert v.abort_after_seconds == 0 and "rank(s) 1 answered but wait on them" in v.line
     # The same node on another host: silent, still named and the live rank held back, aborted after a minute.
     v = hang.judge(records, hang.suspects(records), {1}, {1: ASLEEP}, now=1.0, stalled_s=12.0, bound_s=10.0)
-    assert v["culprits"] == [2, 3] and v["held_back"] == [1] and v["states"] == {"2": "silent", "3": "silent"}
-    assert v["abort_after_seconds"] == 60
+    assert v.culprits == (2, 3) and v.held_back == (1,) and v.states == {2: "silent", 3: "silent"}
+    assert v.abort_after_seconds == 60
 
 
 def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(store, monkeypatch, tmp_path):
@@ -329,8 +331,8 @@ def test_live_ranks_left_inside_a_call_by_ranks_that_then_died_blame_the_dead(st
             wd.enter("all_reduce", 8)
         wd._publish()
     v = next(v for v in _run(reader, clock, 30) if v is not None)
-    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"gone"}, v["line"]
-    assert v["abort_after_seconds"] == 0 and "rank(s) 2, 3 " in v["line"]
+    assert v.culprits == (2, 3) and set(v.states.values()) == {"gone"}, v.line
+    assert v.abort_after_seconds == 0 and "rank(s) 2, 3 " in v.line
 
 
 def test_a_loop_starved_of_cpu_on_a_loaded_host_is_busy_not_stuck():
@@ -388,8 +390,8 @@ def test_a_node_lost_with_one_rank_inside_the_call_and_one_behind_it_is_blamed_w
         wd.enter("control all_reduce", 0)
         wd._publish()
     v = next(v for v in _run(reader, clock, 30) if v is not None)
-    assert v["culprits"] == [2, 3] and set(v["states"].values()) == {"gone"}, v["line"]
-    assert v["waiting"] == [0, 1] and "rank(s) 2, 3 never reached it" in v["line"]
+    assert v.culprits == (2, 3) and set(v.states.values()) == {"gone"}, v.line
+    assert v.waiting == (0, 1) and "rank(s) 2, 3 never reached it" in v.line
 
 
 def _two_nodes_then_node1_dies(store, monkeypatch, tmp_path):
@@ -402,7 +404,7 @@ def _two_nodes_then_node1_dies(store, monkeypatch, tmp_path):
         wd = Watchdog(hang_action="abort", run_dir=str(tmp_path))
         wd.record = Record(rank=r)
         wd._store = client
-        wd._abort = lambda message, verdict=None: None
+        wd._abort = lambda message, **said: None
         ranks.append(wd)
     monkeypatch.setattr(watchdog, "look_at_main", lambda busy, wait: ASLEEP)
     monkeypatch.setattr(main_thread, "look_at_main", lambda busy, wait: ASLEEP)
@@ -423,7 +425,7 @@ def test_a_rank_cut_off_from_the_store_exits_only_when_its_collectives_stopped_t
     wd = Watchdog(hang_action="abort")
     wd.record = Record(rank=2)
     aborted: list[str] = []
-    wd._abort = lambda message, verdict=None: aborted.append(message)
+    wd._abort = lambda message, **said: aborted.append(message)
     err = ConnectionError("store unreachable")
     wd.enter("all_reduce", 8)
     for t in (0.0, 5.0):

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from npudist.diagnosis import rank_states
-from npudist.diagnosis.place import Place, iso, next_commands
+from npudist.diagnosis.place import Place, next_commands
 from npudist.diagnosis.rank_states import Look
 from npudist.diagnosis.record import BadRecord, GroupInfo, Record, Records, position
+from npudist.diagnosis.verdict import Culprit, Verdict
 from npudist.runtime.settings import DEFAULT_STUCK_TIMEOUT_S as DEFAULT_STUCK_S
 
 FLOOR_S = 10.0
@@ -225,8 +226,8 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
           now: float, stalled_s: float, bound_s: float, cause: str = "",
           who: Mapping[int, Place] | None = None, processes: Mapping[int, str] | None = None,
           stuck_s: float = DEFAULT_STUCK_S, busy_s: float | None = None, action: str = "abort",
-          group: GroupInfo | None = None) -> dict[str, Any]:
-    """The verdict: a JSON-ready report whose ``line`` is the one line rank 0 prints (pure).
+          group: GroupInfo | None = None) -> Verdict:
+    """The verdict (verdict.py), whose ``line`` is the one line rank 0 prints (pure).
 
     ``answered``: the suspects whose watchdog thread answered the probe (None: no probe was made);
     ``stacks``: their answers (rank_states.Look, or a bare stack); ``who``: where the ranks that said so
@@ -271,16 +272,17 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         in_call += f" on {group.label}"
     elif found.group:
         in_call += f" of group {found.group}"
-    per_rank: dict[str, Any] = {}
+    per_rank: dict[int, Culprit] = {}
     parts = []
     for r in culprits:
         look = looks.get(r) if answered is not None and r in answered else None
         place = who.get(r, Place())
-        per_rank[str(r)] = {"last": _last(records.get(r), now), "alive": None if answered is None else r in answered,
-                            "state": states[r], "stack": look.stack if look and look.stack else None,
-                            "cpu_ratio": round(look.cpu_ratio, 3) if look else None,
-                            "busy": look.busy if look and look.busy else None, **place.fields(),
-                            "next_commands": list(next_commands("hang", place, state=states[r]))}
+        per_rank[r] = Culprit(last=_last(records.get(r), now), alive=None if answered is None else r in answered,
+                              state=states[r], place=place,
+                              next_commands=tuple(next_commands("hang", place, state=states[r])),
+                              stack=look.stack if look and look.stack else None,
+                              cpu_ratio=round(look.cpu_ratio, 3) if look else None,
+                              busy=look.busy if look and look.busy else None)
         if len(parts) < NAMED_IN_LINE:
             top = _top_frame(look.stack) if look else ""
             local = f", local rank {place.local_rank}" if place.local_rank is not None else ""
@@ -294,7 +296,7 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         who_line = f"rank(s) {_ranks(culprits)} {blame}: " + "; ".join(parts)
         if len(culprits) > NAMED_IN_LINE:
             who_line += f"; {len(culprits) - NAMED_IN_LINE} more in the report"
-        first = per_rank[str(culprits[0])]["next_commands"]
+        first = per_rank[culprits[0]].next_commands
         if first:
             who_line += f"; next: {first[0]}"
     else:
@@ -316,14 +318,14 @@ def judge(records: Records, found: Suspects, answered: set[int] | None, stacks: 
         scope = sorted(records)
     not_reached = sorted(r for r in scope if not isinstance(records[r], Record)
                          or position(records[r], found.group) < found.top)
-    return {"line": line, "kind": found.kind, "op": top_rec.op if top_rec else None, "seq": found.top,
-            "group": found.group or None, "group_desc": group.desc if group is not None else None,
-            "waiting": found.waiting, "culprits": culprits, "not_reached": not_reached,
-            "reached": sorted(r for r in scope if r not in not_reached), "culprit_ranks": per_rank,
-            "states": {str(r): st for r, st in states.items()}, "abort_after_seconds": after, "held_back": held,
-            "stalled_seconds": stalled_s, "bound_seconds": bound_s, "time": now, "iso_time": iso(now),
-            "cause": cause or None,
-            "ranks": {str(r): _as_json(records[r]) for r in culprits}}
+    return Verdict(line=line, kind=found.kind, op=top_rec.op if top_rec else None, seq=found.top,
+                   group=found.group or None, group_desc=group.desc if group is not None else None,
+                   waiting=tuple(found.waiting), culprits=tuple(culprits), not_reached=tuple(not_reached),
+                   reached=tuple(r for r in scope if r not in not_reached),
+                   culprit_ranks=MappingProxyType(per_rank), states=MappingProxyType(dict(states)),
+                   abort_after_seconds=after, held_back=tuple(held), stalled_seconds=stalled_s,
+                   bound_seconds=bound_s, time=now, cause=cause or None,
+                   records=MappingProxyType({r: records[r] for r in culprits}), busy_only=busy_only)
 
 
 def _next(after: float | None, action: str, states: Mapping[int, str], busy_s: float | None) -> str:
@@ -344,9 +346,3 @@ def _next(after: float | None, action: str, states: Mapping[int, str], busy_s: f
     else:
         which = "NPUDIST_STUCK_TIMEOUT"
     return f". The job is aborted if it makes no progress for {after:.0f} s in all ({which})"
-
-
-def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
-    if isinstance(rec, BadRecord):
-        return {"bad_record": rec.reason}
-    return asdict(rec) if rec is not None else None

@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import time
-from typing import Any
 
 log = logging.getLogger("npudist.comm")
 
@@ -22,13 +21,13 @@ def restart_note() -> str:
             "same command again; it resumes from the last checkpoint")
 
 
-def write_error_file(message: str, verdict: dict[str, Any] | None) -> None:
-    """torchrun's per-worker error file, if it gave one; best effort (the exit goes on regardless)."""
+def write_error_file(message: str, when: float | None) -> None:
+    """torchrun's per-worker error file, if it gave one; best effort (the exit goes on regardless). ``when``:
+    the verdict's time (torchrun names the earliest failure as the root cause), else now."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE", "").strip()
     if not path:
         return
-    when = verdict.get("time") if isinstance(verdict, dict) else None
-    stamp = int(when) if isinstance(when, int | float) and math.isfinite(when) else int(time.time())
+    stamp = int(when) if when is not None and math.isfinite(when) else int(time.time())
     body = {"message": {"message": f"npudist hang verdict: {message}",
                         "extraInfo": {"py_callstack": f"npudist: {message}", "timestamp": str(stamp)}}}
     try:

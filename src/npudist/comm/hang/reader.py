@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ from npudist.diagnosis import hang, rank_states
 from npudist.diagnosis.place import Place
 from npudist.diagnosis.rank_states import Look
 from npudist.diagnosis.record import GroupInfo, Records, parse_record, position
+from npudist.diagnosis.verdict import Verdict
 from npudist.runtime import compat
 from npudist.runtime.report_file import write_report
 
@@ -84,7 +86,7 @@ class HangReader:
         self._beat_at = -float("inf")
         self.tracker = hang.ProgressTracker(override_s=wd.hang_timeout_s)
         self.keys = [progress_store._key(r) for r in range(world)]
-        self.verdict: dict[str, Any] | None = None
+        self.verdict: Verdict | None = None
         """The current stall's latest verdict (None while the job progresses)."""
         self._episode_since: float | None = None
         """When the stall of the current verdict began (the tracker's last progress)."""
@@ -109,7 +111,7 @@ class HangReader:
             self._created = True
         return {r: parse_record(raw, r) if raw else None for r, raw in enumerate(store.multi_get(self.keys))}
 
-    def tick(self) -> dict[str, Any] | None:
+    def tick(self) -> Verdict | None:
         """One period: read the records; on a stall past the bound, judge (and abort if so configured)."""
         if self.standby:
             return self._stand_by()
@@ -134,7 +136,7 @@ class HangReader:
             self._order_abort()
         return self.verdict
 
-    def _stand_by(self) -> dict[str, Any] | None:
+    def _stand_by(self) -> Verdict | None:
         rec, now = self.wd.record, self.clock()
         if rec is None or rec.state != "entered" or now - rec.wall_time < hang.FLOOR_S:
             self.verdict = None
@@ -168,10 +170,10 @@ class HangReader:
 
     def _due(self, stalled: float) -> bool:
         """The current verdict's states allow an abort after ``stalled`` seconds without progress."""
-        after = self.verdict.get("abort_after_seconds") if self.verdict is not None else None
+        after = self.verdict.abort_after_seconds if self.verdict is not None else None
         return self.wd.hang_action == "abort" and after is not None and stalled >= after
 
-    def judge_now(self, cause: str) -> dict[str, Any] | None:
+    def judge_now(self, cause: str) -> Verdict | None:
         """A collective failed on rank 0: the verdict now, whatever the bound (no abort: the error ends it)."""
         with self._lock:
             if self.verdict is None:
@@ -294,26 +296,21 @@ class HangReader:
                              processes=(processes := self.processes(places)),
                              stuck_s=self.wd.stuck_timeout_s, busy_s=self.wd.busy_timeout_s,
                              action=self.wd.hang_action, group=infos.get(found.group))
-        self._stopped = [pid for r, st in verdict["states"].items()
-                         if st == rank_states.STOPPED and processes.get(int(r)) == rank_states.PROCESS_STOPPED
-                         and (pid := places.get(int(r), Place()).pid)]
-        first = self.verdict is None
-        if not first and verdict["states"] == self.verdict["states"] and not cause:
-            self.verdict["stalled_seconds"] = stalled  # same states: nothing new to say
+        self._stopped = [pid for r, st in verdict.states.items()
+                         if st == rank_states.STOPPED and processes.get(r) == rank_states.PROCESS_STOPPED
+                         and (pid := places.get(r, Place()).pid)]
+        if self.verdict is not None and verdict.states == self.verdict.states and not cause:
+            self.verdict = replace(self.verdict, stalled_seconds=stalled)  # same states: nothing new to say
             return
-        if first:
-            verdict["first_time"] = verdict["time"]
-        else:
-            verdict["first_time"] = self.verdict.get("first_time", verdict["time"])
-        busy_only = verdict["line"].startswith("npudist busy:")
-        silent = rank_states.STARVED in verdict["states"].values()  # busy or cut off: said, and kept on file
-        path = None if busy_only and not silent else self._write(verdict)
-        if path:
-            verdict["line"] += f". Report: {path}"
-        print(verdict["line"], file=sys.stderr, flush=True)
+        first_time = verdict.time if self.verdict is None else (self.verdict.first_time or verdict.time)
+        verdict = replace(verdict, first_time=first_time)
+        silent = rank_states.STARVED in verdict.states.values()  # busy or cut off: said, and kept on file
+        if not verdict.busy_only or silent:
+            verdict = replace(verdict, line=verdict.line + self._write(verdict))
+        print(verdict.line, file=sys.stderr, flush=True)
         self.verdict = verdict
         self._episode_since = self.tracker._since
-        if verdict["abort_after_seconds"] == 0:  # final: the failing ranks' errors and the standby read it
+        if verdict.abort_after_seconds == 0:  # final: the failing ranks' errors and the standby read it
             self._publish(verdict)
 
     def _groups(self, records: Records) -> dict[str, GroupInfo]:
@@ -327,25 +324,25 @@ class HangReader:
                 infos[name] = info
         return infos
 
-    def _publish(self, verdict: dict[str, Any] | None) -> None:
+    def _publish(self, verdict: Verdict | None) -> None:
         """The verdict, for the ranks whose collective fails or who are ordered to exit."""
         if verdict is None:
             return
         try:
-            self.wd._connect().set(progress_store.verdict_key(), json.dumps(verdict))
+            self.wd._connect().set(progress_store.verdict_key(), json.dumps(verdict.to_json()))
         except Exception as exc:
             log.debug("could not publish the hang verdict: %s", exc)
 
-    def _write(self, verdict: dict[str, Any]) -> str | None:
+    def _write(self, verdict: Verdict) -> str:
+        """The verdict into the run directory; what its line says of that (nothing without a run directory)."""
         if not self.wd.run_dir:
-            return None
+            return ""
         path = Path(self.wd.run_dir) / f"hang-attempt{progress_store._attempt()}.json"
         try:
-            write_report(path, json.dumps(verdict, indent=1))
+            write_report(path, json.dumps(verdict.to_json(), indent=1))
         except OSError as exc:
-            verdict["line"] += f" (could not write the report: {exc})"
-            return None
-        return str(path)
+            return f" (could not write the report: {exc})"
+        return f". Report: {path}"
 
     def _order_abort(self) -> None:
         # A stopped rank in this process table can never exit on the order; ended here, torchrun sees it go
@@ -360,7 +357,9 @@ class HangReader:
         finally:
             me = self.wd.record.rank if self.wd.record is not None else 0
             stand_in = " (standing in for rank 0's silent reader)" if self.standby else ""
-            self.wd._abort(f"rank {me}{stand_in}: aborting the hung job (NPUDIST_HANG_ACTION=abort)", self.verdict)
+            said = self.verdict
+            self.wd._abort(f"rank {me}{stand_in}: aborting the hung job (NPUDIST_HANG_ACTION=abort)",
+                           verdict_line=said.line if said else None, verdict_time=said.time if said else None)
 
 
 def heartbeat_key() -> str:

@@ -325,8 +325,11 @@ class Watchdog:
             return
         self._ctl_seen = value
         if value >= ABORT_STEP:  # the ordering rank exits on its own, before its next poll
-            verdict = _published_verdict(store)
-            self._abort(f"rank {rec.rank}: exiting on the hang reader's order", verdict)
+            said = _published_verdict(store) or {}
+            line, when = said.get("line"), said.get("time")
+            self._abort(f"rank {rec.rank}: exiting on the hang reader's order",
+                        verdict_line=line if isinstance(line, str) else None,
+                        verdict_time=when if isinstance(when, int | float) else None)
         gen = value % ABORT_STEP
         if gen and self.reader is None:
             wanted = store.get(want_key()).decode()
@@ -334,7 +337,7 @@ class Watchdog:
                 store.set(stack_key(rec.rank), look_at_main(self.busy_phase, self._stop.wait).to_json())
                 store.append(answers_key(gen), f"{rec.rank},")
 
-    def _abort(self, message: str, verdict: dict[str, Any] | None = None) -> None:
+    def _abort(self, message: str, *, verdict_line: str | None = None, verdict_time: float | None = None) -> None:
         """Exit with HANG_EXIT_CODE, saying who the culprit is and what happens next.
 
         The verdict also goes to torchrun's error file (TORCHELASTIC_ERROR_FILE, the format of
@@ -342,13 +345,12 @@ class Watchdog:
         names the culprit instead of the rank that aborted; its time is the verdict's, before the culprit's
         own exit is seen, so torchrun picks it as the first failure.
         """
-        culprit = verdict.get("line") if isinstance(verdict, dict) else None
         message += "; " + restart_note()
-        if isinstance(culprit, str):
-            message += f". The verdict: {culprit}"
+        if verdict_line is not None:
+            message += f". The verdict: {verdict_line}"
         print(f"npudist: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        write_error_file(message, verdict)
+        write_error_file(message, verdict_time)
         os._exit(HANG_EXIT_CODE)
 
     def _loop(self, stop: threading.Event) -> None:
@@ -497,7 +499,8 @@ class Watchdog:
             self._publish()  # others must see that this rank reached it, even if the thread is asleep
             verdict = None
             if self.reader is not None:
-                verdict = self.reader.judge_now(cause)
+                said = self.reader.judge_now(cause)
+                verdict = said.to_json() if said is not None else None
             elif rec.rank != 0 and self.hang_action != "off":
                 verdict = self._verdict_from_rank0()
             if verdict is None:
