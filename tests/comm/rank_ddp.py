@@ -152,7 +152,8 @@ def accounting(rank: int) -> dict:
     return {"calls": s.calls, "bytes": s.bytes, "reference_reductions": calls[0], "steps": 3,
             "grad_bytes": sum(p.numel() * p.element_size() for p in grads),
             "duration_count": s.duration_count, "inflight": s.inflight,
-            "wait_seconds": gradient_sync(model).wait_seconds}
+            "wait_seconds": gradient_sync(model).wait_seconds,
+            "blocked_seconds": gradient_sync(model).blocked_seconds}
 
 
 def strict_bf16(rank: int) -> dict:

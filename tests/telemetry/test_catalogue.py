@@ -72,6 +72,8 @@ def test_issue_metric_names_are_all_catalogued():
         "npudist_training_loss", "npudist_training_samples_per_second",
         # issue 44: the script's own numbers (npudist.log)
         "npudist_training_scalar",
+        # issue 44: where each rank's step goes (the issue's npudist_rank_phase_seconds, a counter: _total)
+        "npudist_rank_phase_seconds_total",
         # issue 36: in-memory peer snapshots and where restarts resumed from
         "npudist_peer_snapshot_age_steps", "npudist_peer_snapshot_interval_steps", "npudist_peer_snapshot_bytes",
         "npudist_peer_snapshot_blocking_seconds_total", "npudist_peer_snapshot_failures_total",

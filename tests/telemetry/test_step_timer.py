@@ -226,3 +226,54 @@ def test_a_window_mean_no_clock_gives_is_unknown_and_training_goes_on(monkeypatc
     assert r.straggler == 2 and r.skew == pytest.approx(0.1 / 0.2)  # over the two ranks with a clock
     assert "npudist_rank_straggler" in _fams(metrics)  # the scrape still renders after that window
     assert skew_report(1, 2, [[bad], [bad]]).skew == 0.0
+
+
+def test_phase_counters_sum_to_the_step_time_and_split_comm_with_the_peers_least_blocked_time(monkeypatch):
+    from npudist.telemetry.job import step_timer
+
+    # This rank: 5 ms between steps (other), 2 ms for its batch, 30 ms blocked at the end of backward, 100 ms
+    # steps. Its peer's rows say it was blocked 4 ms a step: that is the transfer from the first exchange on.
+    sent = []
+
+    def gather(row, group):
+        sent.append(row)
+        return [row, [row[0] + 0.026, *row[1:6], 0.028, 0.004, 0.005, 0.063]], 0
+
+    monkeypatch.setattr(step_timer, "_all_gather_rows", gather)
+    clock, metrics, blocked = FakeClock(), TrainingMetrics(), [0.0]
+    timer = StepTimer(metrics, exchange_every=2, clock=clock)
+    timer.count_comm(lambda: blocked[0])
+    timer.step()
+    for _ in range(4):
+        clock.now += 0.005
+        timer.add_data_wait(0.002, at=clock.now)
+        clock.now += 0.095
+        blocked[0] += 0.030
+        timer.step()
+    fams = _fams(metrics)
+    phases = {dict(k)["phase"]: v for k, v in
+              samples(fams, "npudist_rank_phase_seconds", "npudist_rank_phase_seconds_total").items()}
+    assert phases == pytest.approx({"other": 0.020, "data": 0.008, "compute": 0.252, "comm_wait": 0.052,
+                                    "comm_transfer": 0.068})  # steps 1-2: all transfer; 3-4: 4 ms each
+    (step_sum,) = samples(fams, "npudist_step_duration_seconds", "npudist_step_duration_seconds_sum").values()
+    assert step_sum == pytest.approx(0.4) and sum(phases.values()) == pytest.approx(step_sum)
+    assert sent[0][6:] == pytest.approx([0.002, 0.030, 0.005, 0.063])  # data, comm, other, compute per step
+    assert timer.transfer_s == pytest.approx(0.004)
+
+
+def test_rank_zero_names_the_rank_the_others_wait_for_once(monkeypatch, caplog):
+    from npudist.telemetry.job import step_timer
+
+    nan = math.nan
+    slow = [[0.0049, nan, nan, nan, nan, nan, 0.0003, 0.0431, 0.0006, 0.0040],
+            [0.0447, nan, nan, nan, nan, nan, 0.0406, 0.0019, 0.0005, 0.0036]]
+    even = [[0.0049, nan, nan, nan, nan, nan, 0.0003, 0.0021, 0.0006, 0.0040]] * 2
+    windows = iter([even, slow, slow, slow, even])  # rank 0 waits 41.2 of 48.0 ms: 86 %
+    monkeypatch.setattr(step_timer, "_all_gather_rows", lambda row, group: (next(windows), 0))
+    timer = StepTimer(exchange_every=1, clock=FakeClock())
+    with caplog.at_level(logging.WARNING, logger="npudist.telemetry"):
+        for _ in range(6):
+            timer.step()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("phases:")]
+    assert lines == ["phases: rank 1: data +40 ms per step over steps 2-2; the other ranks wait 86% of their "
+                     "step for it in communication", "phases: no rank keeps the others waiting over steps 5-5"]

@@ -15,6 +15,7 @@ dtype comm casts to and casts back once.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from types import MappingProxyType
@@ -46,6 +47,9 @@ class GradientSync:
         self.wait_seconds = 0.0
         """Issue-to-completion seconds of this model's finished buckets, summed; only grows (telemetry
         reads the increase per step as time spent waiting in gradient all-reduce)."""
+        self.blocked_seconds = 0.0
+        """Seconds the end of backward blocked on its buckets, summed: the all-reduce time not hidden behind
+        backward (the step's communication phases, diagnosis/straggler/phases.py)."""
         self.replaced_by: tuple[Callable[..., Any], Any] | None = None
         """(hook, state) the user registered after npudist.ddp(); buckets then go to it instead."""
         self.plans: dict[int, BucketPlan] = {}
@@ -82,12 +86,14 @@ class GradientSync:
     def _finish_backward(self) -> None:
         pending, futures = self._pending, self._futures
         self._pending, self._futures, self._task = [], [], None
+        blocked_at = time.perf_counter()
         try:
             torch.futures.wait_all(futures)
         except Exception:
             for call in pending:  # the first failed bucket, diagnosed
                 call.wait()
             raise
+        self.blocked_seconds += time.perf_counter() - blocked_at
         for call in pending:
             self.wait_seconds += call.seconds or 0.0
         if self.nonfinite is not None:

@@ -106,6 +106,16 @@ def _mean(metric: str, by: str, window: str) -> str:
 _RANK = "job, run, node, rank"
 # Operator samples are sparse (one profiled step every op_every steps): a longer window keeps data.
 OP_WINDOW = "5m"
+TOP_SLOW_RANKS = 3
+"""The slow ranks a job's phase panel lists (npudist:rank_work_seconds:topk)."""
+_PHASE_PER_STEP = "npudist:rank_phase_seconds:per_step"
+_WORK_PHASES = 'phase=~"data|compute|other"'
+"""A rank's own time: what the others wait for when it is long (diagnosis/straggler/phases.py)."""
+
+
+def _phase_spread(how: str, aggregate: str) -> Recording:
+    """The job's ``how`` over its ranks of each phase's seconds per step; ``aggregate`` opens the call."""
+    return Recording(f"{_PHASE_PER_STEP}_{how}", f"{aggregate}{_PHASE_PER_STEP})")
 
 RECORDINGS: tuple[Recording, ...] = (
     Recording("npudist:collective_duration_seconds:p50",
@@ -117,6 +127,19 @@ RECORDINGS: tuple[Recording, ...] = (
               _quantile("0.95", "npudist_op_duration_seconds", "job, run, op", OP_WINDOW)),
     Recording("npudist:op_duration_seconds:mean", _mean("npudist_op_duration_seconds", f"{_RANK}, op", OP_WINDOW)),
     Recording("npudist:step_duration_seconds:mean", _mean("npudist_step_duration_seconds", _RANK, WINDOW)),
+    # Where each rank's step goes: seconds per step in each phase (the counters' rate over the steps' rate;
+    # `> 0` keeps a rank that took no step in the window out instead of recording NaN), then the job's
+    # spread per phase and the ranks with the most time of their own per step, the likely culprits.
+    Recording(_PHASE_PER_STEP,
+              f"sum by ({_RANK}, phase) (rate(npudist_rank_phase_seconds_total[{WINDOW}]))\n"
+              f"  / on ({_RANK}) group_left ()\n"
+              f"  (sum by ({_RANK}) (rate(npudist_steps_total[{WINDOW}])) > 0)"),
+    _phase_spread("min", "min by (job, run, phase) ("),
+    _phase_spread("median", "quantile by (job, run, phase) (0.5, "),
+    _phase_spread("max", "max by (job, run, phase) ("),
+    Recording("npudist:rank_work_seconds:topk",
+              f"topk by (job, run) ({TOP_SLOW_RANKS},\n"
+              f"  sum by ({_RANK}) ({_PHASE_PER_STEP}{{{_WORK_PHASES}}})\n)"),
     # Device exporters run under another job than the ranks: join them on node only.
     Recording("npudist:node_device_temperature_celsius:max", "max by (node) (npudist_device_temperature_celsius)"),
     Recording("npudist:node_device_frequency_hertz:min", "min by (node) (npudist_device_frequency_hertz)"),

@@ -37,6 +37,10 @@ class SkewReport:
     """Each rank's window mean over the median of the other ranks' (StragglerDetector.ratios)."""
     flagged: tuple[int, ...] = ()
     """Ranks the StragglerDetector flags at this window."""
+    others: tuple[float | None, ...] = ()
+    """Mean seconds per step each rank spent between its last step's end and its next batch request."""
+    computes: tuple[float | None, ...] = ()
+    """Mean seconds per step of each rank's compute phase (its step less data, communication and other)."""
 
 
 MAX_WINDOW_MEAN_S = 1e9
@@ -64,7 +68,7 @@ def _column(rows: Sequence[Sequence[float]], i: int) -> tuple[float | None, ...]
 
 def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]) -> SkewReport:
     """Build a report from one (mean_s, temperature_c, frequency_hz[, utilization[, device_id, chip_id
-    [, data_wait_s, comm_wait_s]]]) row per rank; NaN = unknown."""
+    [, data_wait_s, comm_wait_s[, other_s, compute_s]]]]) row per rank; NaN = unknown."""
     if not rows:
         raise ValueError("skew needs at least one rank's window mean")
     # A mean no clock gives (NaN, inf, negative, past MAX_WINDOW_MEAN_S: a corrupt row or a broken timer on
@@ -76,4 +80,4 @@ def skew_report(first_step: int, last_step: int, rows: Sequence[Sequence[float]]
     straggler = max(range(len(means)), key=lambda i: (-math.inf if math.isnan(means[i]) else means[i], -i))
     return SkewReport(first_step, last_step, means, _column(rows, 1), _column(rows, 2),
                       std / avg if avg > 0 else 0.0, straggler, _column(rows, 3), tuple(_device(r) for r in rows),
-                      _column(rows, 6), _column(rows, 7))
+                      _column(rows, 6), _column(rows, 7), others=_column(rows, 8), computes=_column(rows, 9))

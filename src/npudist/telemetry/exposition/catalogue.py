@@ -257,6 +257,11 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("npudist_rank_straggler", "gauge", "",
               "1 while the straggler detector flags this rank, else 0.", RANK_LABELS,
               "StepTimer all_gather + StragglerDetector"),
+    MetricDef("npudist_rank_phase_seconds_total", "counter", "seconds",
+              "Seconds of this rank's training steps in each phase (data, compute, comm_wait, comm_transfer, "
+              "other); the phases of a step sum to its npudist_step_duration_seconds (diagnosis/straggler/"
+              "phases.py).", (*RANK_LABELS, "phase"), "StepTimer: DataLoader hook, DDP bucket wait or the "
+              "process-group watch, all_gather"),
     MetricDef("npudist_op_duration_seconds", "histogram", "seconds",
               "Self time of one operator call in a profiled step, by operator family.",
               (*RANK_LABELS, "op"), "torch.profiler, one step every M steps"),

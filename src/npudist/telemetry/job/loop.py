@@ -302,6 +302,9 @@ class TrainingLoop:
 
         syncs = [gradient_sync(m) for m in self._models]
         self.timer.count_waits(lambda: sum(s.wait_seconds for s in syncs))
+        # The comm phases take the time backward's end blocked on its buckets: bucket time hidden behind
+        # backward is compute, not communication (diagnosis/straggler/phases.py).
+        self.timer.count_comm(lambda: sum(s.blocked_seconds for s in syncs))
 
     # events -------------------------------------------------------------------------------------------------
     def begin_step(self, at: float | None = None) -> None:
@@ -319,7 +322,7 @@ class TrainingLoop:
         """A DataLoader iterator returned ``batch`` after ``seconds`` (asked at ``at``)."""
         self.begin_step(at)
         if self.timer is not None and self.drives_timer:
-            self.timer.add_data_wait(seconds)
+            self.timer.add_data_wait(seconds, at)
         if loader_length is not None and self.loader_length is None:
             self.loader_length = loader_length
         if self.settings.samples_per_step is None:
@@ -335,7 +338,7 @@ class TrainingLoop:
             yield
         finally:
             if self.timer is not None and self.drives_timer:
-                self.timer.add_data_wait(self.clock() - at)
+                self.timer.add_data_wait(self.clock() - at, at)
 
     def optimizer_stepped(self, optimizer: Any) -> None:
         """The optimizer post-step hook: the first optimizer that steps marks the steps (a second one, a

@@ -14,11 +14,12 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from npudist.diagnosis.straggler.detector import StragglerDetector
+from npudist.diagnosis.straggler.phases import PHASES, StepPhases, split_step, transfer_estimate
 from npudist.diagnosis.straggler.skew import SkewReport, skew_report
 from npudist.telemetry.exposition.catalogue import family, rank_label_values
 from npudist.telemetry.job import op_sampling
 from npudist.telemetry.job.histogram import OP_BUCKETS, STEP_BUCKETS, Histogram
-from npudist.telemetry.job.straggler import StragglerWarnings
+from npudist.telemetry.job.straggler import PhaseWarnings, StragglerWarnings
 from npudist.telemetry.sources.readings import RankDevice
 
 log = logging.getLogger("npudist.telemetry")
@@ -39,6 +40,13 @@ class TrainingMetrics:
         self.skew: SkewReport | None = None
         self.rank: int | None = None
         """This process's rank in the exchange (set at the first one)."""
+        self.phases = dict.fromkeys(PHASES, 0.0)
+        """Seconds of the steps so far in each phase (npudist_rank_phase_seconds_total)."""
+
+    def observe_phases(self, phases: StepPhases) -> None:
+        with self._lock:
+            for name, seconds in phases.items():
+                self.phases[name] += seconds
 
     def observe_op(self, op: str, seconds: float) -> None:
         with self._lock:
@@ -54,6 +62,12 @@ class TrainingMetrics:
         yield fam
         fam = family("npudist_steps_total")
         fam.add_metric(self.labels, count)
+        yield fam
+        fam = family("npudist_rank_phase_seconds_total")
+        with self._lock:
+            phases = list(self.phases.items())
+        for name, seconds in phases:
+            fam.add_metric([*self.labels, name], seconds)
         yield fam
         yield from self._straggler_families(self.skew, self.rank)
         fam = family("npudist_op_duration_seconds")
@@ -111,6 +125,7 @@ class StepTimer:
         StragglerDetector(2, **self.straggler_settings)  # refuse bad settings now, not at the first exchange
         self.detector: StragglerDetector | None = None
         self.warnings = StragglerWarnings()
+        self.phase_warnings = PhaseWarnings()
         self.metrics = metrics or TrainingMetrics()
         self.exchange_every, self.op_every = exchange_every, op_every
         self.group = group
@@ -124,11 +139,18 @@ class StepTimer:
         """The training step last ended: ``start_step`` (the step a resumed run starts after) plus the steps
         timed, so windows, reports and diagnosis files name training steps, continuous across resumes."""
         self._window: list[float] = []
-        self._window_data = self._window_comm = 0.0
+        self._window_data = self._window_comm = self._window_other = self._window_compute = 0.0
         self._waited = 0.0
         self._data_waited = 0.0
         self._wait_total: Callable[[], float] | None = None
         self._wait_seen = 0.0
+        self._comm_total: Callable[[], float] | None = None
+        self._comm_seen = 0.0
+        self._begun_at: float | None = None
+        """When this step asked for its first batch (the end of its ``other`` phase)."""
+        self.transfer_s: float | None = None
+        """The job's communication transfer time per step, from the last exchange (phases.transfer_estimate);
+        None before the first: a step's blocked time then counts as transfer."""
         self._started: float | None = None
         self._prof: Any = None
         self.last_report: SkewReport | None = None
@@ -179,6 +201,9 @@ class StepTimer:
         self._started = self.clock()
         if self._wait_total is not None:  # waits before the step began are not the step's
             self._wait_seen = self._wait_total()
+        if self._comm_total is not None:
+            self._comm_seen = self._comm_total()
+        self._begun_at = None
 
     def pause(self) -> None:
         """Stop the clock without recording a step (evaluation, checkpointing, a data reload).
@@ -189,6 +214,7 @@ class StepTimer:
         self._stop_profiler(feed=False)
         self._started = None
         self._waited = self._data_waited = 0.0
+        self._begun_at = None
 
     def _end_step(self) -> float:
         if self.synchronize is not None:
@@ -198,15 +224,27 @@ class StepTimer:
             total = self._wait_total()
             self._waited += total - self._wait_seen
             self._wait_seen = total
+        blocked = self._waited
+        if self._comm_total is not None:
+            total = self._comm_total()
+            blocked, self._comm_seen = total - self._comm_seen, total
+        other = self._begun_at - self._started if self._begun_at is not None and self._started is not None \
+            else 0.0
+        phases = split_step(step_s=seconds, data_s=self._data_waited, comm_s=blocked, other_s=other,
+                            transfer_s=self.transfer_s)
         self._stop_profiler(feed=True)
         self.steps_done += 1
         self.metrics.steps.observe(seconds)
+        self.metrics.observe_phases(phases)
         # Skew compares the time each rank spent *working*: in synchronous data parallelism the fast
         # ranks spend the difference waiting in collectives, so their wall step times equal the slow one's.
         self._window.append(max(0.0, seconds - self._waited))
-        self._window_comm += min(self._waited, seconds)
-        self._window_data += min(self._data_waited, seconds)
+        self._window_comm += phases.comm
+        self._window_data += phases.data
+        self._window_other += phases.other
+        self._window_compute += phases.compute
         self._waited = self._data_waited = 0.0
+        self._begun_at = None
         if self.exchange_every and self.steps_done % self.exchange_every == 0:
             self._exchange()
         return seconds
@@ -216,10 +254,13 @@ class StepTimer:
         npudist_step_duration_seconds."""
         self._waited += seconds
 
-    def add_data_wait(self, seconds: float) -> None:
+    def add_data_wait(self, seconds: float, at: float | None = None) -> None:
         """Time this step waited for its input before the forward (loader, host-to-device copy): part of the
-        rank's work, reported apart so a straggler's cause can say "data"."""
+        rank's work, reported apart so a straggler's cause can say "data". ``at``: when the wait began (the
+        step's first one ends its ``other`` phase)."""
         self._data_waited += seconds
+        if at is not None and self._begun_at is None:
+            self._begun_at = at
 
     @contextmanager
     def data_wait(self) -> Iterator[None]:
@@ -228,13 +269,20 @@ class StepTimer:
         try:
             yield
         finally:
-            self._data_waited += self.clock() - start
+            self.add_data_wait(self.clock() - start, start)
 
     def count_waits(self, total: Callable[[], float]) -> None:
         """Read ``total()``, a cumulative count of seconds spent waiting in collectives, at the end of each
         step: its increase over the step counts as waiting (see watch_ddp)."""
         self._wait_total = total
         self._wait_seen = total()
+
+    def count_comm(self, total: Callable[[], float]) -> None:
+        """Read ``total()``, cumulative seconds this rank was *blocked* on communication, at the end of each
+        step for its comm phases (default: the waits of count_waits): npudist.ddp's end-of-backward wait,
+        which excludes bucket time hidden behind backward, or the process-group watch's busy time."""
+        self._comm_total = total
+        self._comm_seen = total()
 
     def _maybe_start_profiler(self, next_step: int) -> None:
         if self.op_every and next_step % self.op_every == 0 and self._prof is None:
@@ -260,16 +308,19 @@ class StepTimer:
         window, self._window = self._window, []
         mean = sum(window) / len(window)
         data, comm = self._window_data / len(window), self._window_comm / len(window)
-        self._window_data = self._window_comm = 0.0
+        other, compute = self._window_other / len(window), self._window_compute / len(window)
+        self._window_data = self._window_comm = self._window_other = self._window_compute = 0.0
         vitals = tuple(self.vitals()) if self.vitals is not None else ()
         vitals += (None,) * (3 - len(vitals))
         where = (math.nan, math.nan) if self.rank_device is None else \
             (float(self.rank_device.device_id), float(self.rank_device.chip_id))  # float32-exact below 2**24
-        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3]), *where, data, comm]
+        row = [mean, *(math.nan if v is None else float(v) for v in vitals[:3]), *where, data, comm, other,
+               compute]
         rows, rank = _all_gather_rows(row, self.group)
         first = self.steps_done - len(window) + 1
         report = self._judge(skew_report(first, self.steps_done, rows))
         self.last_report = report
+        self.transfer_s = transfer_estimate(report.comm_waits)
         for hook in self.on_exchange:
             try:
                 hook(report)
@@ -278,6 +329,7 @@ class StepTimer:
         self.metrics.rank, self.metrics.skew = rank, report
         if rank == 0:
             self.warnings(report)
+            self.phase_warnings(report)
 
     def _judge(self, report: SkewReport) -> SkewReport:
         n = len(report.means)

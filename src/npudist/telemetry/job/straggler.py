@@ -21,6 +21,7 @@ from typing import Any
 
 from npudist.diagnosis.place import Place, iso, next_commands
 from npudist.diagnosis.place import where as place_text
+from npudist.diagnosis.straggler.phases import WAIT_RATIO_FLAG, Culprit, culprit, window_phases
 from npudist.diagnosis.straggler.skew import SkewReport
 from npudist.runtime.report_file import write_report
 
@@ -84,17 +85,53 @@ def _vitals(report: SkewReport, rank: int) -> str:
             f"frequency {'n/a' if freq is None else f'{freq / 1e6:.0f} MHz'}")
 
 
+def phase_culprit(report: SkewReport) -> Culprit | None:
+    """The rank the others waited for over this window, from its phases (diagnosis/straggler/phases.py)."""
+    return culprit(window_phases(report))
+
+
 def describe_flag(report: SkewReport, rank: int, place: Place | None = None) -> str:
     """The console line when ``rank`` becomes a straggler: rank, host and pid (``place``, when known), card,
-    slowdown, cause, vitals and the next command to run."""
+    slowdown, cause, vitals, the phase that explains it (when the rank is also the one the others waited
+    for: ``phases: rank 1: data +41 ms per step``) and the next command to run."""
     ratio = _at(report.ratios, rank)
     kind, excess = cause(report, rank)
     nxt = next_commands("straggler", _placed(report, rank, place), kind)
+    found = phase_culprit(report)
+    phases = f"; phases: {found.text()}" if found is not None and found.rank == rank else ""
     return (f"straggler: rank {rank}{_where(report, rank, place)} works "
             f"{'n/a' if ratio is None else f'{ratio:.2f}x'} the median of the other ranks over steps "
             f"{report.first_step}-{report.last_step} ({report.means[rank]:.4f} s/step); cause: {kind} "
-            f"({CAUSE_TEXT[kind]}, +{excess[kind]:.4f} s/step); its {_vitals(report, rank)}"
+            f"({CAUSE_TEXT[kind]}, +{excess[kind]:.4f} s/step){phases}; its {_vitals(report, rank)}"
             + (f"; next: {nxt[0]}" if nxt else ""))
+
+
+class PhaseWarnings:
+    """One console line when the ranks start waiting for one rank whose phase explains it, and one when that
+    ends: the culprit rule of phases.py, shown when the others' comm wait passes msprof's 0.2 of their step.
+    Unlike the straggler detector it needs no history, so it speaks at the first window that shows it."""
+
+    def __init__(self, flag: float = WAIT_RATIO_FLAG) -> None:
+        self.flag = flag
+        self.named: tuple[int, str] | None = None
+
+    def __call__(self, report: SkewReport) -> list[str]:
+        found = phase_culprit(report)
+        named = (found.rank, found.cause) if found is not None and found.cause is not None and \
+            found.others_wait_ratio > self.flag else None
+        if named == self.named:
+            return []
+        lines = []
+        if named is not None and found is not None:
+            lines.append(f"phases: {found.text()} over steps {report.first_step}-{report.last_step}; the other "
+                         f"ranks wait {found.others_wait_ratio:.0%} of their step for it in communication")
+        elif self.named is not None:
+            lines.append(f"phases: no rank keeps the others waiting over steps {report.first_step}-"
+                         f"{report.last_step}")
+        self.named = named
+        for line in lines:
+            log.warning("%s", line)
+        return lines
 
 
 def describe_recovery(report: SkewReport, rank: int) -> str:
@@ -139,6 +176,7 @@ def diagnosis(history: list[SkewReport], rank: int) -> dict[str, Any]:
         "cause": kind,
         "cause_text": CAUSE_TEXT[kind],
         "section_seconds": sections(last, rank),
+        "phases": _phases_doc(last),
         "section_excess_seconds": excess,
         "straggler_step_seconds": [r.means[rank] for r in history],
         "median_step_seconds_all_ranks": statistics.median(finite) if finite else None,
@@ -149,6 +187,18 @@ def diagnosis(history: list[SkewReport], rank: int) -> dict[str, Any]:
                    "utilization_ratio": _at(last.utilizations, rank)},
         "all_ranks_step_seconds": list(last.means),
         "time": time.time(),
+    }
+
+
+def _phases_doc(report: SkewReport) -> dict[str, Any]:
+    """Each rank's mean phases per step over the window and the culprit (phases.py), for the JSON document."""
+    found = phase_culprit(report)
+    return {
+        "per_rank_seconds": [None if p is None else dict(p.items()) for p in window_phases(report)],
+        "culprit": None if found is None else {"rank": found.rank, "gap_seconds": found.gap_s,
+                                               "cause": found.cause, "excess_seconds": dict(found.excess_s),
+                                               "others_wait_ratio": found.others_wait_ratio,
+                                               "text": found.text()},
     }
 
 
