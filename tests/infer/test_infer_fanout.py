@@ -183,15 +183,15 @@ def test_a_member_whose_front_is_silent_leaves():
 
 
 def test_a_member_on_another_node_listening_on_loopback_is_refused_at_start(monkeypatch):
-    rows = ["node0|127.0.0.1:0|tok", "node1|127.0.0.1:4100|"]
+    rows = [("node0", "127.0.0.1:0", "tok"), ("node1", "127.0.0.1:4100", "")]
     monkeypatch.setattr(fanout, "world", lambda: (0, 2))
-    monkeypatch.setattr(fanout, "_gather_texts", lambda text: rows)
+    monkeypatch.setattr(fanout, "gather_objects", lambda row: rows)
     with pytest.raises(ValueError, match=r"rank 1 on node1 serves its member on 127\.0\.0\.1.*--member-host auto"):
         fanout.start(_server(0), "127.0.0.1")
-    rows[1] = "node1||"  # rank 1 could not bind its address: every rank raises, naming it
+    rows[1] = ("node1", "", "")  # rank 1 could not bind its address: every rank raises, naming it
     with pytest.raises(ValueError, match="no member address on rank 1 on node1"):
         fanout.start(_server(0), "127.0.0.1")
-    rows[1] = "node0|127.0.0.1:4100|"  # the same host: loopback reaches it
+    rows[1] = ("node0", "127.0.0.1:4100", "")  # the same host: loopback reaches it
     # refused on every rank, before any member serves; inf and nan passed a `<= 0` test
     for bad in ({"min_members": 3}, {"deadline_s": 0.0}, {"deadline_s": float("inf")}, {"deadline_s": float("nan")}):
         with pytest.raises(ValueError, match="1 to 2 members"):

@@ -33,15 +33,3 @@ def _all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     all_reduce(on_group, op=op)
     return on_group if on_group is tensor else on_group.to(tensor.device)
 
-
-def _gather_texts(text: str, width: int = 256) -> list[str]:
-    """One short ASCII string from every rank, in rank order: each rank fills its row of a
-    [world, width] float32 tensor (byte values are exact in float32) and one sum all-reduce joins them."""
-    data = text.encode("ascii")
-    if len(data) > width:
-        raise ValueError(f"{text[:40]!r}... is {len(data)} bytes; at most {width} travel")
-    rank, size = world()
-    rows = torch.zeros(size, width)
-    rows[rank, :len(data)] = torch.tensor(list(data), dtype=torch.float32)
-    rows = _all_reduce(rows, "sum")
-    return [bytes(int(v) for v in row if v).decode("ascii") for row in rows.round().to(torch.int64).tolist()]

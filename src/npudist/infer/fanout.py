@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from npudist.comm.control import gather_objects
 from npudist.httpserve import Front, Limits, Reply, Request
 from npudist.httpserve.request import Head
-from npudist.infer.collective import _gather_texts, world
+from npudist.infer.collective import world
 from npudist.infer.combine import finish
 from npudist.infer.ensemble import EnsembleError, EnsembleResult, EnsembleServer, EnsembleStats
 from npudist.runtime import network
@@ -390,9 +391,8 @@ def start(server: EnsembleServer, member_host: str = "127.0.0.1", *, deadline_s:
         address = endpoint.address if endpoint else f"{host}:0"
     except (OSError, ValueError) as exc:
         problem, address = f"{type(exc).__name__}: {exc}", ""
-    node = socket.gethostname().encode("ascii", "replace").decode().replace("|", "?")
     try:
-        rows = [row.split("|") for row in _gather_texts(f"{node}|{address}|{token}")]
+        rows: list[tuple[str, str, str]] = gather_objects((socket.gethostname(), address, token))
         unable = [f"rank {r} on {n}" for r, (n, a, _) in enumerate(rows) if not a]
         if unable:
             why = problem or "the error on that rank says why"
