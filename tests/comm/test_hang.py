@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from npudist.comm.hang import main_thread, watchdog
+from npudist.comm.hang import store as progress_store
 from npudist.comm.hang.reader import HangReader
 from npudist.comm.hang.watchdog import Record, Watchdog
 from npudist.diagnosis import hang
@@ -395,7 +396,7 @@ def test_rank_0_stopped_is_named_by_the_standby_once_its_heartbeat_is_stale(stor
     assert verdict is not None and verdict.culprits == (0,) and verdict.not_reached == (0,)
     assert verdict.culprit_ranks[0].alive is False
     assert hang_reader.HEARTBEAT_STALE_S <= took <= hang_reader.HEARTBEAT_STALE_S + 2, took
-    assert json.loads(store.get(watchdog.verdict_key()))["culprits"] == [0]  # for the other ranks
+    assert json.loads(store.get(progress_store.verdict_key()))["culprits"] == [0]  # for the other ranks
 
 
 def test_a_live_rank_left_inside_a_passed_call_looks_at_a_bounded_number_of_ranks_ahead(store, monkeypatch):

@@ -53,6 +53,7 @@ def test_a_published_group_that_is_not_one_is_ignored(raw):
     assert parse_group("g", raw) is None
 
 
+@pytest.mark.subprocess
 def test_without_a_compiler_the_watch_is_off_with_the_reason_and_nothing_raises(tmp_path):
     code = ("from npudist.comm import pg_watch\n"
             "print(pg_watch.load(), '|', pg_watch.why_off())\n")
@@ -63,6 +64,7 @@ def test_without_a_compiler_the_watch_is_off_with_the_reason_and_nothing_raises(
     assert "NPUDIST_PG_WATCH=off" not in why or "compiler" in why
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_every_door_to_a_collective_is_counted_once_on_its_own_group():
     """rank_pg_watch.py issues, in order: 3 all_reduce on the default group, 2 on a subgroup, 1 functional
@@ -98,7 +100,7 @@ def test_only_groups_that_reach_the_dispatcher_are_left_to_the_watch():
     3 all_reduce and a DDP step under --simulate npu)."""
     import torch.distributed as dist
 
-    from npudist.comm.hang.watchdog import _dispatched
+    from npudist.comm.pg_watch import dispatched as _dispatched
 
     class PythonGroup(dist.ProcessGroup):
         pass

@@ -16,8 +16,9 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from npudist.comm.hang import abort_note, main_thread, watchdog
+from npudist.comm.hang import abort_note, failure, main_thread, watchdog
 from npudist.comm.hang import reader as hang_reader
+from npudist.comm.hang import store as progress_store
 from npudist.comm.hang.reader import HangReader
 from npudist.comm.hang.watchdog import Record, Watchdog
 from npudist.diagnosis import hang, rank_states
@@ -169,7 +170,7 @@ def test_a_busy_rank_is_reported_once_and_never_aborted(store, monkeypatch, tmp_
         v.line and 'File "eval.py", line 9' in v.line and "npudist.busy(" in v.line
     assert not list(tmp_path.glob("hang-*.json"))  # a busy rank is not a hang
     assert capfd.readouterr().err.count("npudist busy:") == 1
-    assert not store.check([watchdog.verdict_key()])  # the standby may still stand in if rank 0 stops later
+    assert not store.check([progress_store.verdict_key()])  # the standby may still stand in if rank 0 stops later
 
 
 def test_a_busy_rank_that_then_stops_answering_is_aborted_at_the_next_look(store, monkeypatch, tmp_path):
@@ -181,7 +182,7 @@ def test_a_busy_rank_that_then_stops_answering_is_aborted_at_the_next_look(store
     seen = _run(reader, clock, int(hang_reader.REPROBE_S) + 2)
     assert seen and seen[-1].states == {1: "stopped"} and aborted  # (the fake abort does not exit)
     assert "did not answer: stopped (process state: stopped)" in seen[-1].line
-    assert json.loads(store.get(watchdog.verdict_key()))["states"] == {"1": "stopped"}
+    assert json.loads(store.get(progress_store.verdict_key()))["states"] == {"1": "stopped"}
 
 
 def test_a_rank_whose_gil_is_held_is_starved_not_stopped_and_survives_a_40_s_call(store, monkeypatch, tmp_path):
@@ -297,7 +298,8 @@ def test_hang_reports_are_not_written_through_symlinks_planted_in_the_run_dir(st
     ranks, reader, clock, _aborted = _job(store, monkeypatch, {1: None}, processes={1: "stopped"},
                                           run_dir=str(run_dir))
     assert _run(reader, clock, 20)[0].states == {1: "stopped"}
-    err = ranks[0]._report("all_reduce", 4, 8, ranks[0].record, reader.read(), "timeout", None)
+    err = failure.report(ranks[0], op="all_reduce", seq=4, nbytes=8, records=reader.read(), cause="timeout",
+                         verdict=None)
     assert "rank 1 on " in str(err) and err.report["where"]["1"]["pid"] > 0
     assert victim.read_text() == "keep"
     for name in ("hang-attempt0.json", "hang-rank0.json"):
@@ -354,6 +356,7 @@ def test_the_main_threads_run_delay_is_read_from_schedstat(tmp_path):
         assert main_thread.main_ready_s() >= 0.0
 
 
+@pytest.mark.subprocess
 def test_a_cpu_bound_main_thread_starved_by_other_processes_is_seen_running():
     """Real processes: the main thread spins while 4 spinners per CPU share the cores; its look says busy."""
     import multiprocessing

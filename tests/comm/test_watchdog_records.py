@@ -9,10 +9,11 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npudist.comm.hang import watchdog
-from npudist.comm.hang.watchdog import BadRecord, CollectiveHangError, Record, Watchdog, parse_record
+from npudist.comm.hang import failure, watchdog
+from npudist.comm.hang.watchdog import CollectiveHangError, Watchdog
 from npudist.comm.state import state as comm_state
 from npudist.comm.watched import watched
+from npudist.diagnosis.record import BadRecord, Record, parse_record
 
 GOOD = {"rank": 1, "seq": 3, "step": 2, "op": "all_reduce", "nbytes": 64, "state": "done", "wall_time": 1.0,
         "group": "1", "gseq": 2, "groups": {"0": 1, "1": 2}}
@@ -95,7 +96,7 @@ def test_a_diagnosis_that_fails_never_replaces_the_original_error(two_ranks, mon
     def boom(*a, **k):
         raise TypeError("a diagnosis bug")
 
-    monkeypatch.setattr(watchdog, "describe", boom)
+    monkeypatch.setattr(failure, "describe", boom)
 
     def collective():
         raise RuntimeError("Connection closed by peer")

@@ -29,8 +29,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 log = logging.getLogger("npudist.comm")
 SOURCE = str(Path(__file__).with_name("native") / "pg_watch.cpp")
@@ -252,3 +254,11 @@ def load() -> bool:
 def why_off() -> str | None:
     """Why load() failed in this process, or None."""
     return _LOAD.error
+
+
+def dispatched(group: Any) -> bool:
+    """Whether ``group``'s collectives pass through torch's dispatcher, where the watch counts them: a group
+    torch builds (gloo, NCCL, HCCL through torch_npu) does; a ProcessGroup implemented in Python (the simulated
+    hccl, sim/hccl.py) is called straight from Python and never reaches the c10d ops, so its collectives keep
+    npudist's own numbering (watchdog.py)."""
+    return type(group) is dist.ProcessGroup

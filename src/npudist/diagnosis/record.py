@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -79,6 +79,13 @@ def parse_record(raw: bytes | str, rank: int) -> Record | BadRecord:
 
 
 Records = dict[int, "Record | BadRecord | None"]
+
+
+def record_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
+    """A record as the reports write it (a bad one as what was wrong with it)."""
+    if isinstance(rec, BadRecord):
+        return {"bad_record": rec.reason}
+    return asdict(rec) if rec is not None else None
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ Per-rank mappings are keyed by rank number here and by its string in the JSON.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from npudist.diagnosis.place import Place, iso
-from npudist.diagnosis.record import BadRecord, Record
+from npudist.diagnosis.record import BadRecord, Record, record_json
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,7 @@ class Verdict:
                "abort_after_seconds": self.abort_after_seconds, "held_back": list(self.held_back),
                "stalled_seconds": self.stalled_seconds, "bound_seconds": self.bound_seconds, "time": self.time,
                "iso_time": iso(self.time), "cause": self.cause,
-               "ranks": {str(r): _record_json(rec) for r, rec in self.records.items()}}
+               "ranks": {str(r): record_json(rec) for r, rec in self.records.items()}}
         if self.first_time is not None:
             doc["first_time"] = self.first_time
         return doc
-
-
-def _record_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
-    if isinstance(rec, BadRecord):
-        return {"bad_record": rec.reason}
-    return asdict(rec) if rec is not None else None

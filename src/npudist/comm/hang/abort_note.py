@@ -1,4 +1,5 @@
-"""What an aborting rank leaves behind: the line that says what happens next, and torchrun's error file."""
+"""How a rank aborts a hung job: the line that says who the culprit is and what happens next, torchrun's error
+file, the exit."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 
 log = logging.getLogger("npudist.comm")
@@ -37,3 +39,19 @@ def write_error_file(message: str, when: float | None) -> None:
     except OSError as exc:
         log.debug("torchrun error file not written: %s", exc)
 
+
+def abort(message: str, *, verdict_line: str | None, verdict_time: float | None, code: int) -> None:
+    """Exit with ``code``, saying who the culprit is and what happens next.
+
+    The verdict also goes to torchrun's error file (TORCHELASTIC_ERROR_FILE, the format of
+    torch.distributed.elastic's ErrorHandler.record_exception), so that its closing "Root Cause" block
+    names the culprit instead of the rank that aborted; its time is the verdict's, before the culprit's
+    own exit is seen, so torchrun picks it as the first failure.
+    """
+    message += "; " + restart_note()
+    if verdict_line is not None:
+        message += f". The verdict: {verdict_line}"
+    print(f"npudist: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    write_error_file(message, verdict_time)
+    os._exit(code)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import torch.distributed as dist
@@ -147,3 +148,49 @@ def read_group(store: Any, name: str) -> GroupInfo | None:
     except Exception as exc:  # membership is a refinement: the verdict stands on the records without it
         log.debug("group %s not readable: %s", name, exc)
         return None
+
+
+def read_records(store: Any, world: int) -> Records:
+    """Every rank's record: one ``multi_get`` when every key exists (one ``check``), else key by key (None for
+    a rank that never published, or every rank when there is no store)."""
+    keys = [_key(r) for r in range(world)]
+    if store is None:
+        return dict.fromkeys(range(world))
+    try:
+        if compat.store_has_all(store, keys):
+            return {r: parse_record(raw, r) if raw else None for r, raw in enumerate(store.multi_get(keys))}
+    except Exception as exc:
+        log.debug("watchdog multi_get failed: %s", exc)
+    out: Records = {}
+    for r, key in enumerate(keys):
+        try:
+            raw = store.get(key) if compat.store_has(store, key) else None
+            out[r] = parse_record(raw, r) if raw else None
+        except Exception:
+            out[r] = None
+    return out
+
+
+def wait_for_verdict(store: Any, wait_s: float, period_s: float) -> dict[str, Any] | None:
+    """Rank 0's published verdict (its JSON) once it is there, for at most ``wait_s``; None if none came."""
+    deadline = time.monotonic() + wait_s
+    while store is not None and time.monotonic() < deadline:
+        if compat.store_has(store, verdict_key()):
+            doc = json.loads(store.get(verdict_key()))
+            return doc if isinstance(doc, dict) else None
+        time.sleep(period_s)
+    return None
+
+
+def members_doc(name: str) -> dict[str, Any] | None:
+    """What a member publishes of group ``name``: its global ranks (compact when evenly spaced) and torch's
+    description (DeviceMesh dimensions are ``mesh_<dim>``); None when this process does not hold it."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    for pg, pg_name in list(getattr(world, "pg_names", {}).items()):
+        desc = str(getattr(pg, "group_desc", "") or "")
+        if pg_name == name or (name.startswith("desc:") and desc == name[5:]):
+            try:
+                return {**encode_ranks(dist.get_process_group_ranks(pg)), "desc": desc}
+            except (RuntimeError, ValueError):
+                return None
+    return None

@@ -1,30 +1,18 @@
-"""Hang diagnosis: which rank stopped before which collective, named in seconds.
+"""Each rank's hang watchdog: it numbers the rank's collectives, publishes its progress record, answers rank
+0's probes and obeys its abort order.
 
-Every collective on every process group takes a per-rank, per-group number: the process-group watch
-(pg_watch.py) counts them in C++ whoever issues them, and this thread reads its counters once a period;
-where the watch is off (no compiler, another torch, a ProcessGroup written in Python such as the simulated
-hccl) npudist's own collectives (and DDP's forward-time ones, ddp.py) are numbered here instead. The
-calling thread only updates a small record (op, numbers, bytes, state, step); a daemon thread, the
-rank's watchdog, does all the store traffic once per ``PUBLISH_INTERVAL_S``: it
-publishes the record when it changed (one ``set``), polls the job's control counter (one ``add``), and
-on rank 0 runs the job's one hang reader (hang_reader.py: one ``multi_get`` of every record). So a rank
-makes at most 2 store requests a second and the job's diagnosis costs O(N) requests, through the store
-client the process group already holds (no extra connection per rank).
+Numbering: the process-group watch (pg_watch.py) counts every collective on every group in C++, whoever
+issues it, and this thread reads its counters once a period; where the watch is off (no compiler, another
+torch, a ProcessGroup written in Python such as the simulated hccl) npudist's own collectives (and DDP's
+forward-time ones, ddp.py) are numbered here instead (enter/done: attribute writes only).
 
-The control counter carries two requests from the reader: a probe (the suspects' watchdog threads answer
-with two looks at their main thread, its CPU time and Python stack, which prove them alive and say whether
-they run: rank_states.py) and, after a verdict that may abort, the order to exit with HANG_EXIT_CODE.
-Each rank also publishes once where it runs (host, pid, local rank, accelerator) for the verdicts, and
-``busy(label)`` marks a phase in which the others' wait is expected. What goes into the store, under which
-keys, and how it is read back is progress_store.py's.
-
-When a collective fails (a timeout, a peer gone) the failing rank raises CollectiveHangError naming the
-op, its sequence number and the ranks that had and had not reached it: rank 0 from its reader's verdict,
-the others from that verdict when it arrives in time, else from one ``multi_get`` of every record; the
-report goes to the run directory (``NPUDIST_RUN_DIR`` or set_run_dir()).
-
-The CommState owns the one Watchdog of a process and closes it with the Runtime (see Runtime.close for
-why the thread must be joined before the process group goes). watched.py numbers the calls.
+Store traffic is the daemon thread's alone, once per ``PUBLISH_INTERVAL_S``: the record when it changed (one
+``set``), the job's control counter (one ``add``: a probe to answer with two looks at the main thread, or the
+order to exit with HANG_EXIT_CODE), and on rank 0 the job's one hang reader (reader.py: one ``multi_get``).
+So a rank makes at most 2 store requests a second, and the job's diagnosis O(N), through the store client
+the process group already holds. Keys and reads: store.py; a failed collective's error: failure.py; the
+exit: abort_note.py. The CommState owns the one Watchdog of a process and closes it with the Runtime (the
+thread must be joined before the process group goes).
 """
 
 from __future__ import annotations
@@ -34,20 +22,20 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from npudist.comm import pg_watch
-from npudist.comm.hang.abort_note import restart_note, write_error_file
+from npudist.comm.hang import failure
+from npudist.comm.hang.abort_note import abort
+from npudist.comm.hang.failure import NATIVE, CollectiveHangError
 from npudist.comm.hang.main_thread import look_at_main
 from npudist.comm.hang.store import (
     _key,
@@ -56,17 +44,14 @@ from npudist.comm.hang.store import (
     answers_key,
     ctl_key,
     group_key,
-    read_group,
-    read_who,
+    members_doc,
+    read_records,
     shared_store,
     stack_key,
-    verdict_key,
     want_key,
     who_key,
 )
-from npudist.diagnosis.record import GROUPS_AT_MOST, BadRecord, Record, Records, encode_ranks, parse_record, position
-from npudist.runtime import compat
-from npudist.runtime.report_file import write_report
+from npudist.diagnosis.record import GROUPS_AT_MOST, Record, Records
 
 log = logging.getLogger("npudist.comm")
 DIST_STORE_ERRORS = (RuntimeError, OSError, TimeoutError)
@@ -92,46 +77,6 @@ leaving it blocked until the collective timeout. Store calls may block while a c
 once the route is back and the store they knew is found gone, so at the latest this fires then."""
 
 
-class CollectiveHangError(RuntimeError):
-    """A collective did not complete; the message names the ranks that never reached it."""
-
-    def __init__(self, message: str, report: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-NATIVE = -1
-"""What enter() returns while the process-group watch (pg_watch.py) numbers every call: nothing to mark."""
-
-
-def reached(records: Records, seq: int, group: str = "",
-            members: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
-    """Ranks whose record shows they entered collective ``seq`` of ``group`` (or a later one), and the rest of
-    the group's members (every rank when the members are not known)."""
-    ranks = [r for r in records if members is None or r in members]
-    got = sorted(r for r in ranks if isinstance(records[r], Record) and position(records[r], group) >= seq)
-    return got, sorted(r for r in ranks if r not in got)
-
-
-def _last_seen(r: int, rec: Record | BadRecord | None, now: float) -> str:
-    if isinstance(rec, BadRecord):
-        return f"rank {r}: bad record in the store ({rec.reason})"
-    if rec is None or rec.seq == 0:
-        return f"rank {r}: never reported"
-    number = rec.gseq if rec.group else rec.seq  # on the failing call's group, which the message names
-    return f"rank {r}: last {rec.op} #{number} ({rec.state}, {now - rec.wall_time:.1f} s ago)"
-
-
-def describe(op: str, seq: int, nbytes: int, rank: int, records: Records, cause: str, group: str = "",
-             members: tuple[int, ...] | None = None) -> str:
-    ok, missing = reached(records, seq, group, members)
-    now = time.time()
-    last = [_last_seen(r, records.get(r), now) for r in missing]
-    who = (f"rank(s) {', '.join(map(str, missing))} never reached it ({'; '.join(last)})" if missing
-           else "every rank reached it (a slow link or a peer that died inside it)")
-    on = f" of group {group}" if group else ""
-    return (f"{op} #{seq}{on} ({nbytes} bytes) failed on rank {rank}: {cause}. Ranks {', '.join(map(str, ok))} "
-            f"reached it; {who}. Check the missing ranks' logs, hosts and devices first.")
 
 
 class Watchdog:
@@ -192,7 +137,7 @@ class Watchdog:
                 self._off = True
                 return None
             self.record = Record(rank=dist.get_rank())
-            self.native = self.watch_mode == "native" and _dispatched(dist.group.WORLD) and pg_watch.load()
+            self.native = self.watch_mode == "native" and pg_watch.dispatched(dist.group.WORLD) and pg_watch.load()
             if self.hang_action != "off" and self.reader_factory is not None:
                 if self.record.rank == 0:
                     self.reader = self.reader_factory(self, dist.get_world_size())
@@ -308,7 +253,7 @@ class Watchdog:
             self._who_sent = True
         for name in [g for g in rec.groups if g not in self._groups_sent]:
             self._groups_sent.add(name)
-            doc = _members(name)
+            doc = members_doc(name)
             if doc is not None:  # one compare_set per group a rank uses: the first member's copy stays
                 store.compare_set(group_key(name), "", json.dumps(doc))
         store.set(_key(rec.rank), json.dumps(asdict(rec)))
@@ -338,20 +283,8 @@ class Watchdog:
                 store.append(answers_key(gen), f"{rec.rank},")
 
     def _abort(self, message: str, *, verdict_line: str | None = None, verdict_time: float | None = None) -> None:
-        """Exit with HANG_EXIT_CODE, saying who the culprit is and what happens next.
-
-        The verdict also goes to torchrun's error file (TORCHELASTIC_ERROR_FILE, the format of
-        torch.distributed.elastic's ErrorHandler.record_exception), so that its closing "Root Cause" block
-        names the culprit instead of the rank that aborted; its time is the verdict's, before the culprit's
-        own exit is seen, so torchrun picks it as the first failure.
-        """
-        message += "; " + restart_note()
-        if verdict_line is not None:
-            message += f". The verdict: {verdict_line}"
-        print(f"npudist: {message}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        write_error_file(message, verdict_time)
-        os._exit(HANG_EXIT_CODE)
+        """Exit with HANG_EXIT_CODE (abort_note.py's abort)."""
+        abort(message, verdict_line=verdict_line, verdict_time=verdict_time, code=HANG_EXIT_CODE)
 
     def _loop(self, stop: threading.Event) -> None:
         # A change is published as soon as it happens if the last publish is a period old, else at the end
@@ -456,118 +389,9 @@ class Watchdog:
         self._dirty.clear()
 
     def records(self) -> Records:
-        """Every rank's record: one ``multi_get`` when every key exists (one ``check``), else key by key."""
-        store = self._connect()
-        world = dist.get_world_size()
-        keys = [_key(r) for r in range(world)]
-        if store is None:
-            return dict.fromkeys(range(world))
-        try:
-            if compat.store_has_all(store, keys):
-                return {r: parse_record(raw, r) if raw else None for r, raw in enumerate(store.multi_get(keys))}
-        except Exception as exc:
-            log.debug("watchdog multi_get failed: %s", exc)
-        out: Records = {}
-        for r, key in enumerate(keys):
-            try:
-                raw = store.get(key) if compat.store_has(store, key) else None
-                out[r] = parse_record(raw, r) if raw else None
-            except Exception:
-                out[r] = None
-        return out
-
-    def _verdict_from_rank0(self) -> dict[str, Any] | None:
-        store = self._connect()
-        deadline = time.monotonic() + VERDICT_WAIT_S
-        while store is not None and time.monotonic() < deadline:
-            if compat.store_has(store, verdict_key()):
-                doc = json.loads(store.get(verdict_key()))
-                return doc if isinstance(doc, dict) else None
-            time.sleep(PUBLISH_INTERVAL_S / 2)
-        return None
+        """Every rank's record as published (store.py's read_records)."""
+        return read_records(self._connect(), dist.get_world_size())
 
     def diagnose(self, op: str, seq: int, nbytes: int, exc: BaseException) -> CollectiveHangError | None:
-        """The hang report for ``exc``, or None (the caller re-raises ``exc``): a diagnosis that fails
-        itself is logged and never replaces the collective's own error."""
-        rec = self.record
-        if rec is None or seq == 0:
-            return None
-        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        try:
-            if seq == NATIVE:
-                self.refresh()
-            self._publish()  # others must see that this rank reached it, even if the thread is asleep
-            verdict = None
-            if self.reader is not None:
-                said = self.reader.judge_now(cause)
-                verdict = said.to_json() if said is not None else None
-            elif rec.rank != 0 and self.hang_action != "off":
-                verdict = self._verdict_from_rank0()
-            if verdict is None:
-                time.sleep(PUBLISH_INTERVAL_S * 2)  # give the others' records time to arrive
-            records = self.records()
-        except Exception as store_exc:
-            log.warning("hang diagnosis could not read the store: %s", store_exc)
-            return None
-        records[rec.rank] = rec
-        try:
-            return self._report(op, seq, nbytes, rec, records, cause, verdict)
-        except Exception as report_exc:
-            log.warning("hang diagnosis failed (%s: %s); raising the collective's own error",
-                        type(report_exc).__name__, report_exc)
-            return None
-
-    def _report(self, op: str, seq: int, nbytes: int, rec: Record, records: Records, cause: str,
-                verdict: dict[str, Any] | None) -> CollectiveHangError:
-        group, members = "", None
-        if seq == NATIVE:  # the watch numbered it: the failing call is the one the record says it waits in
-            group, seq = rec.group, rec.gseq
-            info = read_group(self._connect(), group)
-            members = info.ranks if info is not None else None
-        message = describe(op, seq, nbytes, rec.rank, records, cause, group, members)
-        ok, missing = reached(records, seq, group, members)
-        who = read_who(self._connect(), missing)
-        report = {"op": op, "seq": seq, "group": group, "bytes": nbytes, "rank": rec.rank, "cause": cause,
-                  "reached": ok,
-                  "not_reached": missing, "ranks": {str(r): _as_json(v) for r, v in records.items()},
-                  "where": {str(r): {"host": h, "pid": p} for r, (h, p) in who.items()}, "time": time.time()}
-        if who:
-            message += " Where: " + ", ".join(f"rank {r} on {h} pid {p}" for r, (h, p) in sorted(who.items())) + "."
-        if isinstance(verdict, dict) and isinstance(verdict.get("line"), str):
-            message += f" Rank 0's verdict: {verdict['line']}"
-            report["verdict"] = verdict
-        if self.run_dir:
-            try:
-                path = write_report(Path(self.run_dir) / f"hang-rank{rec.rank}.json", json.dumps(report, indent=1))
-                message += f" Report: {path}"
-            except OSError as write_exc:
-                message += f" (could not write the report: {write_exc})"
-        return CollectiveHangError(message, report)
-
-
-def _dispatched(group: Any) -> bool:
-    """Whether ``group``'s collectives pass through torch's dispatcher, where the process-group watch counts
-    them: a group torch builds (gloo, NCCL, HCCL through torch_npu) does; a ProcessGroup implemented in Python
-    (the simulated hccl, sim/hccl.py) is called straight from Python and never reaches the c10d ops, so its
-    collectives keep npudist's own numbering."""
-    return type(group) is dist.ProcessGroup
-
-
-def _members(name: str) -> dict[str, Any] | None:
-    """What a member publishes of group ``name``: its global ranks (compact when evenly spaced) and torch's
-    description (DeviceMesh dimensions are ``mesh_<dim>``); None when this process does not hold it."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    for pg, pg_name in list(getattr(world, "pg_names", {}).items()):
-        desc = str(getattr(pg, "group_desc", "") or "")
-        if pg_name == name or (name.startswith("desc:") and desc == name[5:]):
-            try:
-                return {**encode_ranks(dist.get_process_group_ranks(pg)), "desc": desc}
-            except (RuntimeError, ValueError):
-                return None
-    return None
-
-
-def _as_json(rec: Record | BadRecord | None) -> dict[str, Any] | None:
-    if isinstance(rec, BadRecord):
-        return {"bad_record": rec.reason}
-    return asdict(rec) if rec is not None else None
+        """The hang report for ``exc``, or None (the caller re-raises ``exc``): failure.py's diagnose."""
+        return failure.diagnose(self, op=op, seq=seq, nbytes=nbytes, exc=exc)
