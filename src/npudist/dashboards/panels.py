@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from npudist.dashboards.rules import TOP_SLOW_RANKS
 from npudist.telemetry.exposition.thresholds import SKEW_REFERENCE
 from npudist.telemetry.exposition.thresholds import THRESHOLDS as _T
 
@@ -299,6 +300,18 @@ TRAINING = Dashboard(
         Panel("Straggler rank", "none", (_q(f"max by (job) (npudist_straggler_rank{{{_JOB_RUN}}})", "rank"),),
               type="stat", width=6, no_value="none",
               description="The flagged rank with the largest slowdown; none while the detector flags no rank."),
+        Panel("Where each step goes: phases over ranks (min / median / max)", "s", tuple(
+            _q(f"npudist:rank_phase_seconds:per_step_{how}{{{_JOB_RUN}}}", f"{{{{phase}}}} {how}")
+            for how in ("min", "median", "max")), width=12,
+              description="Seconds per step in each phase (data, compute, comm_wait, comm_transfer, other), "
+                          "over the job's ranks. A max far above the median in data, compute or other is one "
+                          "slow rank; the others then show it as comm_wait (a wait above 0.2 of the step is "
+                          "msprof's flag). Transfer is estimated as the least blocked rank's communication time."),
+        Panel(f"Slow ranks (top {TOP_SLOW_RANKS} own time per step)", "s", (
+            _q(f"npudist:rank_work_seconds:topk{{{_JOB_RUN}}}", "rank {{rank}} on {{node}}"),), width=12,
+              description="The ranks with the most time of their own per step (data + compute + other): in "
+                          "synchronous training the others wait for them. The job log names the phase "
+                          "('phases: rank 1: data +41 ms per step')."),
         Panel("Straggler's node: hottest device", "celsius", (
             _q("npudist:node_device_temperature_celsius:max and on (node) "
                "npudist_steps_total{job=~\"$job\", run=~\"$run\", rank=~\"$straggler\"}", "{{node}}"),), width=9,
