@@ -471,8 +471,11 @@ def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = N
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    from npudist.comm.hang import local_ranks
+
     try:
-        with scope.stop_signals_raise(), scope.quiet_stop(), scope.published(the_plan), scope.peer_holder(the_plan):
+        with scope.stop_signals_raise(), scope.quiet_stop(), scope.published(the_plan), scope.peer_holder(the_plan), \
+                local_ranks.watching():
             torchrun_main(the_plan.torchrun_argv)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)

@@ -13,7 +13,9 @@ Each calls ``npudist.init()`` once, as a ported script does, and nothing else of
 in the loops that have no optimizer to mark their steps. A fault is planted on
 one rank at one step: ``stop`` (SIGSTOP to itself), ``gil SECONDS`` (libc sleep through ctypes.PyDLL, which
 keeps the GIL: the process sleeps, its watchdog thread cannot run) or ``busy SECONDS`` (rank 0 evaluates while
-the others wait). Prints ``FAULT kind rank=R step=S time=T`` before the fault and ``DONE step=N`` at the end.
+the others wait) or ``pause SECONDS`` (SIGSTOP to itself, outside any collective, while rank 0 spends SECONDS
+outside any collective too, then sends it SIGCONT: nothing waits on the stopped rank). Prints
+``FAULT kind rank=R step=S time=T`` before the fault and ``DONE step=N`` at the end.
 
     npudist launch --nproc-per-node N tests/fault/any_caller.py KIND --steps S [--fault F --fault-rank R
         --fault-step S --fault-seconds X]
@@ -26,6 +28,7 @@ import ctypes
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -58,10 +61,19 @@ class ToyModel(nn.Module):
 def fault(args: argparse.Namespace, rank: int, step: int) -> None:
     if rank == args.slow_rank:
         time.sleep(args.slow_ms / 1000)  # a slower card: the same extra time every step
+    if args.fault == "pause" and rank == 0 != args.fault_rank and step == args.fault_step:
+        time.sleep(args.fault_seconds)  # evaluating, say: in no collective while the other rank is stopped
+        pid = int(_pause_file().read_text())
+        print(f"FAULT resume rank={args.fault_rank} pid={pid} time={time.time():.3f}", flush=True)
+        os.kill(pid, signal.SIGCONT)
+        return
     if args.fault is None or rank != args.fault_rank or step != args.fault_step:
         return
     print(f"FAULT {args.fault} rank={rank} step={step} time={time.time():.3f}", flush=True)
     if args.fault == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif args.fault == "pause":
+        _pause_file().write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
     elif args.fault == "gil":
         ctypes.PyDLL(None).sleep(int(args.fault_seconds))  # PyDLL: the GIL stays held for the whole call
@@ -71,11 +83,15 @@ def fault(args: argparse.Namespace, rank: int, step: int) -> None:
             sum(range(1000))
 
 
+def _pause_file() -> Path:
+    return Path(os.environ.get("NPUDIST_RUN_DIR", ".")) / "paused.pid"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("kind", choices=["raw", "fsdp2", "tp", "hsdp", "subgroups"])
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--fault", choices=["stop", "gil", "busy"])
+    p.add_argument("--fault", choices=["stop", "gil", "busy", "pause"])
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=20)
     p.add_argument("--fault-seconds", type=float, default=0.0)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_npudist
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ranks]
 LIMIT_S = 200
 NAMED_WITHIN_S = 30
 SCRIPT = str(REPO / "tests" / "fault" / "any_caller.py")
@@ -103,3 +103,19 @@ def test_a_slower_rank_is_named_the_straggler_whoever_issues_the_collectives(tmp
     assert flagged, text[-3000:]
     rank, ratio, _first, last = flagged[0]
     assert rank == "3" and float(ratio) > 1.15 and int(last) <= 60, flagged  # within 3 windows of 20 steps
+
+
+def test_a_rank_stopped_while_nothing_waits_on_it_is_named_by_its_launcher_and_the_job_lives_on(tmp_path):
+    """Rank 1 stops itself between steps while rank 0 spends 15 s in no collective (an evaluation), then
+    resumes it: no collective waits on rank 1, so the hang reader has nothing to judge; the launcher, whose
+    children the ranks are, names it from its process state, says when it runs again, and aborts nothing."""
+    proc, text, _elapsed, _left = _launch(tmp_path, 2, ["raw", "--steps", "40", "--fault", "pause", "--fault-rank",
+                                                        "1", "--fault-step", "10", "--fault-seconds", "15"])
+    assert proc.returncode == 0, text[-4000:]
+    assert text.count("DONE step=40") == 2
+    stop = re.search(r"FAULT pause rank=1 step=10 time=([\d.]+)", text)
+    named = re.search(r"npudist launch: rank 1 \(pid (\d+) on \S+\) has been stopped \(state T: SIGSTOP or "
+                      r"SIGTSTP\) for (\d+) s", text)
+    assert stop and named, text[-4000:]  # named while stopped, so within the 15 s it was: under NAMED_WITHIN_S
+    assert 10 <= int(named.group(2)) < NAMED_WITHIN_S and "runs again" in text
+    assert "npudist hang:" not in text and "aborting" not in text  # nothing waited: no verdict, no abort
