@@ -27,7 +27,8 @@ from npudist.testing.mttr import run_trial
 from tests.conftest import REPO, child_env
 
 REASON = unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"cluster harness: {REASON}")]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster,
+              pytest.mark.skipif(REASON is not None, reason=f"cluster harness: {REASON}")]
 TRAIN = str(REPO / "examples" / "train_ddp.py")
 PY = sys.executable
 
@@ -136,6 +137,28 @@ def test_two_nodes_train_with_no_interface_variable_set(tmp_path):
     n0, n1 = (n.address for n in c.nodes)  # a free /24, taken when the cluster was made
     assert f"multi-node: eth0 ({n1}) routes to the master {n0}" in logs["node1"]
     assert "step=4 " in logs["node0"] and "world=4" in logs["node0"]
+
+
+def test_two_nodes_with_one_host_name_and_their_own_pid_tables_never_call_a_live_rank_gone(tmp_path):
+    """Boards flashed from one image, containers on one kernel: both nodes are "board" and each has its own
+    pid namespace. Rank 1 (node 1) holds the GIL for 15 s inside a C call, so its watchdog thread cannot
+    answer rank 0's probe; its pid means nothing in rank 0's process table, so the verdict must say it is not
+    looked at (silent: aborted only after 60 s), never gone (aborted at once). The job runs to the end."""
+    script = str(REPO / "tests" / "fault" / "any_caller.py")
+    env = {**_env(), "NPUDIST_HANG_TIMEOUT": "4"}
+    with Cluster(2, hostnames=("board", "board"), own_pids=True) as c:
+        procs = [c.launch(n, [script, "raw", "--steps", "60", "--fault", "gil", "--fault-rank", "1",
+                              "--fault-step", "20", "--fault-seconds", "15"], nproc=1, env=env,
+                          launch_args=["--run-dir", str(tmp_path)], log=tmp_path / f"node{n.index}.log")
+                 for n in c.nodes]
+        codes = _wait(procs, 180)
+    logs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert all("DONE step=60" in log for log in logs)
+    verdicts = [json.loads(p.read_text()) for p in tmp_path.glob("hang-attempt*.json")]
+    assert verdicts and verdicts[0]["states"] == {"1": "silent"}, logs[0][-3000:]
+    assert verdicts[0]["culprit_ranks"]["1"]["host"] == "board"
+    assert "gone" not in logs[0] and "aborting" not in logs[0]
 
 
 def test_a_rank_that_would_advertise_loopback_is_refused_before_the_collective(tmp_path):

@@ -2,7 +2,9 @@
 
 Every node is an ``ip netns`` namespace with one veth interface (``eth0``, an address on a private /24)
 whose other end sits on a bridge in the root namespace; processes started on a node also get their own
-UTS namespace (``unshare --uts``) so their hostname is the node's. All nodes see the same filesystem, as
+UTS namespace (``unshare --uts``) so their hostname is the node's (``hostnames`` may give several nodes one
+name, as boards flashed from one image have; ``own_pids`` gives each node its own pid namespace and /proc, as
+containers have: a pid then means nothing on another node). All nodes see the same filesystem, as
 nodes see a shared NFS directory. Faults act where they act on a real cluster: a killed node loses every
 process, a partitioned node's cable is pulled (the bridge port goes down), a slow link is shaped with
 ``tc tbf`` on both directions, a stopped rank gets SIGSTOP. Needs root and iproute2; ``unavailable()``
@@ -43,6 +45,8 @@ _NETNS = re.compile(r"^npd([0-9a-f]{4})-n\d+$")
 # The hostname is set inside the new UTS namespace, then the command replaces the shell; the script is
 # fixed text and every value reaches it as a positional argument, never as shell source.
 _SET_HOSTNAME = 'hostname "$1" && shift && exec "$@"'
+_OWN_PIDS = {False: (), True: ("--pid", "--fork", "--mount-proc")}
+"""unshare's options for a node with its own pid namespace: the launcher is its pid 1, /proc shows the node's."""
 
 
 class ClusterUnavailable(RuntimeError):
@@ -86,16 +90,22 @@ class Cluster:
     """``with Cluster(2) as c: c.spawn(c.nodes[0], argv)``; nothing of it outlives the ``with``."""
 
     def __init__(self, nodes: int, *, subnet: str | None = None, run_dir: str | os.PathLike | None = None,
-                 mtu: int = 1500) -> None:
-        """``subnet``: the first three octets of the /24 to use ("10.213.7"); None: a free one, taken on entry."""
+                 mtu: int = 1500, hostnames: Sequence[str] | None = None, own_pids: bool = False) -> None:
+        """``subnet``: the first three octets of the /24 to use ("10.213.7"); None: a free one, taken on entry.
+        ``hostnames``: one per node (default node0, node1...); ``own_pids``: each node's processes in their own
+        pid namespace with their own /proc."""
         if not 1 <= nodes <= 200:
             raise ValueError(f"nodes={nodes}: give 1 to 200")
+        if hostnames is not None and len(hostnames) != nodes:
+            raise ValueError(f"hostnames={list(hostnames)}: give one per node ({nodes})")
+        self.own_pids = own_pids
         self.tag = secrets.token_hex(2)
         self.bridge = f"npdbr{self.tag}"
         self.subnet = subnet
         self.run_dir = Path(run_dir) if run_dir else None
         self.mtu = mtu
-        self.nodes = [Node(i, f"node{i}", f"npd{self.tag}-n{i}", "", f"npd{self.tag}p{i}") for i in range(nodes)]
+        names = list(hostnames) if hostnames is not None else [f"node{i}" for i in range(nodes)]
+        self.nodes = [Node(i, names[i], f"npd{self.tag}-n{i}", "", f"npd{self.tag}p{i}") for i in range(nodes)]
         self._address(subnet or "0.0.0")
         self._made: list[tuple[str, str]] = []
 
@@ -151,8 +161,8 @@ class Cluster:
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
         try:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c", _SET_HOSTNAME, "sh",
-                 node.hostname, *argv],
+                ["ip", "netns", "exec", node.netns, "unshare", "--uts", *_OWN_PIDS[self.own_pids], "--", "sh", "-c",
+                 _SET_HOSTNAME, "sh", node.hostname, *argv],
                 env=dict(os.environ if env is None else env), stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         finally:
