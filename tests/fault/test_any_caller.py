@@ -119,3 +119,17 @@ def test_a_rank_stopped_while_nothing_waits_on_it_is_named_by_its_launcher_and_t
     assert stop and named, text[-4000:]  # named while stopped, so within the 15 s it was: under NAMED_WITHIN_S
     assert 10 <= int(named.group(2)) < NAMED_WITHIN_S and "runs again" in text
     assert "npudist hang:" not in text and "aborting" not in text  # nothing waited: no verdict, no abort
+
+
+def test_an_fsdp2_job_whose_rank_0_evaluates_for_40_s_runs_to_the_end(tmp_path):
+    """pytorch/examples' FSDP2 loop, default settings: rank 0 computes 40 s outside any collective (an
+    evaluation) while rank 1 waits in FSDP2's all-gather. Rank 0 answers the probe live and busy: said, never
+    aborted."""
+    proc, text, _elapsed, _left = _launch(tmp_path, 2, ["fsdp2", "--steps", "30", "--fault", "busy", "--fault-rank",
+                                                        "0", "--fault-step", "10", "--fault-seconds", "40"])
+    assert proc.returncode == 0, text[-4000:]
+    assert text.count("DONE step=30") == 2
+    lines = [ln for ln in text.splitlines() if ln.startswith(("npudist busy:", "npudist hang:"))]
+    assert lines and all(ln.startswith("npudist busy:") for ln in lines), lines
+    assert "rank(s) 0 never reached it" in lines[0] and "live and busy" in lines[0]
+    assert "aborting" not in text
