@@ -209,6 +209,9 @@ KINDS: Mapping[str, Kind] = MappingProxyType({k.name: k for k in (
         Field("means", "numbers", "mean step seconds per rank"),
         Field("flagged", "numbers", "ranks the StragglerDetector flagged at this window"),
         Field("ratios", "numbers", "each rank's window mean over the median of the other ranks'"),
+        *(Field(f"phase_{name}", "numbers", f"mean seconds per step in the {name} phase per rank "
+                "(diagnosis/straggler/phases.py)")
+          for name in ("data", "compute", "comm_wait", "comm_transfer", "other")),
     )),
     Kind("device", "a logged step, when the rank's device source has a new reading", (
         Field("vendor", "text", "vendor row name"),

@@ -104,7 +104,7 @@ def test_page_has_every_plot_and_no_script(tmp_path):
 def test_missing_parts_say_not_recorded(tmp_path):
     page = render(build(load_run(tmp_path)), str(tmp_path))
     missing = re.findall(r'data-missing="([^"]+)"', page)
-    assert missing == ["loss", "step_time", "work_time", "skew", "comm", "bench", "device"]
+    assert missing == ["loss", "step_time", "work_time", "phases", "skew", "comm", "bench", "device"]
     assert "<svg" not in page
 
 

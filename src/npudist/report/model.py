@@ -7,12 +7,14 @@ the later record wins, since that is the one the final model descends from.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from npudist.diagnosis.straggler.phases import PHASES, WAIT_RATIO_FLAG, StepPhases, culprit
 from npudist.report import verdicts
 from npudist.report.records import Problem, RunFile, RunRecords
 from npudist.report.verdicts import Verdict
@@ -40,6 +42,8 @@ class SkewWindow:
     straggler: int
     means: tuple[float | None, ...] = ()
     """Each rank's mean work time per step over the window (seconds; the wait in collectives excluded)."""
+    phases: tuple[StepPhases | None, ...] = ()
+    """Each rank's mean seconds per step in each phase over the window (None: not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class ReportData:
     """Per rank, mean work time per step per skew window (excludes the wait in collectives)."""
     aborted: tuple[Verdict, ...] = ()
     """Why npudist stopped the job (a hang, a non-finite loss), most severe first; empty: it was not stopped."""
+    phases: tuple[Series, ...] = ()
+    """Per phase, the median and the largest over ranks of its seconds per step, per skew window."""
+    culprits: tuple[tuple[str, str, str], ...] = ()
+    """(steps, the rank the others waited for and why, their wait ratio) for windows where one phase explains it."""
 
 
 DEVICE_PLOTS = (
@@ -155,8 +163,44 @@ def skew_windows(records: list[dict[str, Any]]) -> tuple[SkewWindow, ...]:
         first, last, skew, straggler = r.get("first_step"), r.get("last_step"), r.get("skew"), r.get("straggler")
         if isinstance(first, int) and isinstance(last, int) and _finite(skew) and isinstance(straggler, int):
             means = tuple(float(m) if _finite(m) else None for m in (r.get("means") or ()))
-            windows[last] = SkewWindow(first, last, float(skew), straggler, means)
+            windows[last] = SkewWindow(first, last, float(skew), straggler, means, _phases_of(r, len(means)))
     return tuple(windows[k] for k in sorted(windows))
+
+
+def _phases_of(record: dict[str, Any], ranks: int) -> tuple[StepPhases | None, ...]:
+    """The window's phases per rank from its ``phase_<name>`` lists; a rank missing any of them is None."""
+    columns = [record.get(f"phase_{name}") for name in PHASES]
+    if not all(isinstance(c, list) for c in columns):
+        return ()
+    out: list[StepPhases | None] = []
+    for rank in range(ranks):
+        values = [c[rank] if rank < len(c) else None for c in columns]
+        out.append(StepPhases(**{n: float(v) for n, v in zip(PHASES, values, strict=True)})
+                   if all(_finite(v) and v >= 0 for v in values) else None)
+    return tuple(out)
+
+
+def phase_series(windows: tuple[SkewWindow, ...]) -> tuple[Series, ...]:
+    """Per phase, the median and the largest over ranks of its seconds per step, per window; phases that
+    stayed at 0 everywhere are left out."""
+    out = []
+    for name in PHASES:
+        for how, pick in (("median", statistics.median), ("largest", max)):
+            points = tuple((float(w.last_step), float(pick(vals))) for w in windows
+                           if (vals := [getattr(p, name) for p in w.phases if p is not None]))
+            if any(y > 0 for _, y in points):
+                out.append(Series(f"{name}, {how} over ranks", points))
+    return tuple(out)
+
+
+def culprit_rows(windows: tuple[SkewWindow, ...]) -> tuple[tuple[str, str, str], ...]:
+    """The windows in which the others waited over msprof's 0.2 of their step for a rank one phase explains."""
+    rows = []
+    for w in windows:
+        found = culprit(list(w.phases)) if w.phases else None
+        if found is not None and found.cause is not None and found.others_wait_ratio > WAIT_RATIO_FLAG:
+            rows.append((f"{w.first_step}-{w.last_step}", found.text(), f"{found.others_wait_ratio:.0%}"))
+    return tuple(rows)
 
 
 def work_series(windows: tuple[SkewWindow, ...]) -> tuple[Series, ...]:
@@ -346,6 +390,8 @@ def build(run: RunRecords) -> ReportData:
         step_time=step_series(run.records, "step_seconds"),
         skew=(windows := skew_windows(run.records)),
         work_time=work_series(windows),
+        phases=phase_series(windows),
+        culprits=culprit_rows(windows),
         comm=comm_shares(run.records),
         bench=bench_series(run),
         device=device_series(run.records, t0),

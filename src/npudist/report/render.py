@@ -44,6 +44,8 @@ NOT_RECORDED = MappingProxyType({
     "step_time": "Step times come from the StepTimer; the job ran with --no-telemetry or logged no steps.",
     "skew": "Skew is exchanged every 20 steps by the StepTimer (needs at least 20 steps and telemetry on).",
     "work_time": "Work times come with the skew windows the StepTimer exchanges every 20 steps (telemetry on).",
+    "phases": "Phases come with the skew windows the StepTimer exchanges every 20 steps (telemetry on; "
+              "npudist >= the live phases of issue 44).",
     "comm": "Collective totals are written when the job ends (RunLog.close()); the job did not end cleanly "
             "or logged nothing.",
     "bench": "Save a benchmark into the run: npudist bench collective --out RUN_DIR/bench/all_reduce.json",
@@ -117,6 +119,22 @@ def _work_time(data: ReportData) -> str:
             "without the time it waits for the other ranks in collectives. A straggler stands out here; in the "
             "step times above every rank shows the slowest one's pace, and in the collective time share below "
             "the slowest rank has the smallest share, because it is the one the others wait for.</p>")
+
+
+def _phases(data: ReportData) -> str:
+    if not data.phases:
+        return _not_recorded("phases")
+    rows = data.culprits[:WORST_WINDOWS]
+    found = (f"<p>Windows in which the other ranks waited over 0.2 of their step (msprof's flag) for one rank "
+             f"whose excess in one phase explains most of the wait: {len(data.culprits)}"
+             + (f"; the first {len(rows)}:</p>" + _table(("steps", "the rank the others waited for",
+                                                         "their wait"), rows) if rows else ".</p>"))
+    return (_chart(data.phases, "phases", "Where each step goes", "last step of window", "seconds per step",
+                   y_from_zero=True)
+            + "<p>Each phase's seconds per step over the job's ranks: the median and the largest. A phase whose "
+            "largest sits far above its median is one slow rank, and the others then show its extra time as "
+            "comm_wait. comm_transfer is estimated as the least blocked rank's communication time (no clock says "
+            "when each peer arrived).</p>" + found)
 
 
 def _skew(data: ReportData) -> str:
@@ -255,6 +273,7 @@ def render(data: ReportData, title: str) -> str:
         _section("loss", "Loss", _loss(data)),
         _section("step-time", "Step time", _step_time(data)),
         _section("work-time", "Work time per rank", _work_time(data)),
+        _section("phases", "Where each step goes", _phases(data)),
         _section("skew", "Skew and stragglers", _skew(data)),
         _section("diagnoses", "Straggler diagnoses", _diagnoses(data)),
         _section("checkpoints", "Checkpoints", _checkpoints(data)),

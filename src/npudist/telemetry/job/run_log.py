@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from npudist import runlog_schema as schema
+from npudist.diagnosis.straggler.phases import PHASES, window_phases
 from npudist.diagnosis.straggler.skew import SkewReport
 from npudist.runlog_schema import rank_file
 from npudist.runtime.state import current
@@ -93,7 +94,17 @@ def skew_record(report: SkewReport) -> dict[str, Any]:
     return {"kind": "skew", "first_step": report.first_step, "last_step": report.last_step,
             "skew": _number(report.skew), "straggler": report.straggler,
             "means": [_number(m) for m in report.means], "flagged": [int(r) for r in report.flagged],
-            "ratios": [_number(r) for r in report.ratios]}
+            "ratios": [_number(r) for r in report.ratios], **_phase_fields(report)}
+
+
+def _phase_fields(report: SkewReport) -> dict[str, list[float | None]]:
+    """``phase_<name>``: each rank's mean seconds per step in that phase over the window (null: a rank that
+    sent no phases); absent when no rank did."""
+    per_rank = window_phases(report)
+    if all(p is None for p in per_rank):
+        return {}
+    return {f"phase_{name}": [None if p is None else _number(getattr(p, name)) for p in per_rank]
+            for name in PHASES}
 
 
 def device_record(reading: DeviceReading) -> dict[str, Any] | None:
