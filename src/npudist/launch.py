@@ -32,6 +32,7 @@ from npudist.runtime.settings import (
     RUN_ID_VAR,
     SIMULATE_MODES,
     SIMULATE_VAR,
+    TENSORBOARD_VAR,
     Settings,
     SettingsError,
 )
@@ -68,7 +69,8 @@ class LaunchPlan:
 
 
 _OURS = MappingProxyType({"--mpi": 0, "--dry-run": 0, "--metrics-port": 1, "--run-dir": 1, "--targets-file": 1,
-                          "--simulate": 1, "--accelerator": 1, "--peer-snapshots": 1, "--peer-snapshot-bind": 1})
+                          "--simulate": 1, "--accelerator": 1, "--peer-snapshots": 1, "--peer-snapshot-bind": 1,
+                          "--tensorboard": 1})
 
 
 def accelerator_for(argv: Sequence[str]) -> Accelerator:
@@ -248,6 +250,13 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     dry = dry_run_steps(ns.dry_run)
     if dry is not None:  # the ranks' variable (npudist/dry_run.py), beside the run directory's
         run_dir[DRY_RUN_VAR] = str(dry)
+    if ns.tensorboard:
+        from npudist.telemetry.job.tensorboard import missing_message
+
+        why = missing_message(ns.tensorboard)  # said once here, before any rank starts
+        if why is not None:
+            raise LaunchError(why)
+        run_dir[TENSORBOARD_VAR] = os.path.abspath(ns.tensorboard)
     if ns.mpi:
         the_plan = _plan_mpi(ns, head, tail, env)
         the_plan.env_updates.update(simulated)

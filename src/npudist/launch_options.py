@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument("--run-dir", default=None, metavar="DIR",
                        help="the job's run directory: each rank writes its run log (DIR/metrics/rank{R}.jsonl, "
                        "for `npudist report DIR`) and hang reports there; the ranks get NPUDIST_RUN_DIR=DIR")
+    group.add_argument("--tensorboard", default=None, metavar="DIR",
+                       help="rank 0 also writes TensorBoard event files of the loop's numbers (loss, samples/s, "
+                       "npudist.log) to DIR; needs the tensorboard package: pip install 'npudist[tensorboard]'")
     group.add_argument("--targets-file", default=None,
                        help="write a Prometheus file_sd JSON file listing the ranks' metrics endpoints while "
                        "they run; emptied ([]) on exit, Ctrl-C and SIGTERM")

@@ -35,7 +35,8 @@ def attach(rt: Any, ctx: Any, watch: bool | None) -> Any:
     from npudist.telemetry.job.loop import LoopSettings, TrainingLoop, make_parts
 
     if getattr(rt, "loop", None) is None:
-        rt.loop = TrainingLoop(ctx, LoopSettings(run_dir=rt.settings.run_dir), make_parts=make_parts)
+        rt.loop = TrainingLoop(ctx, LoopSettings(run_dir=rt.settings.run_dir, tensorboard=rt.settings.tensorboard),
+                               make_parts=make_parts)
     if watch is None:
         watch = rt.settings.metrics_port is not None or rt.settings.run_dir is not None
     if watch:
@@ -68,13 +69,13 @@ def loop(**settings: Any) -> Any:
 
     Keywords are LoopSettings' fields: ``total_steps`` (the ETA's target), ``start_step`` (the step a
     resumed run starts after), ``log_every``, ``samples_per_step``, ``run_dir`` (the run log's directory),
-    ``exchange_every``, ``op_every``, ``op_ranks``, ``straggler_diagnosis``, ``telemetry`` and
-    ``resume_source``. Call it after init() and before the first step; calling it again changes the
-    settings (start_step only before a step ended).
+    ``exchange_every``, ``op_every``, ``op_ranks``, ``straggler_diagnosis``, ``telemetry``,
+    ``resume_source`` and ``tensorboard`` (rank 0's TensorBoard event files). Call it after init() and
+    before the first step; calling it again changes the settings (start_step only before a step ended).
     """
     rt = current()
     the_loop = _loop_of(rt, "loop()")
-    if the_loop.started and {"telemetry", "exchange_every", "op_every", "op_ranks"} & set(settings):
+    if the_loop.started and {"telemetry", "exchange_every", "op_every", "op_ranks", "tensorboard"} & set(settings):
         raise ValueError(f"npudist.loop: {', '.join(sorted(settings))} must be given before the loop starts: "
                          "pass init(watch=False) and call npudist.loop(...) once with them")
     the_loop.configure(**settings)
@@ -103,7 +104,8 @@ def log(scalars: dict[str, Any] | None = None, /, **values: Any) -> None:
 def ddp(model: Any, **ddp_kwargs: Any) -> Any:
     """``npudist.comm.ddp.ddp`` (the model on this rank's device in DistributedDataParallel, its gradients
     reduced by npudist), also telling the watched loop, so its wait in gradient all-reduce is excluded from
-    the skew windows."""
+    the skew windows, and the NaN sentinel (npudist/sentinel.py), so a non-finite loss on any rank stops
+    every rank before that step's update."""
     from npudist.comm.ddp import ddp as make_ddp
 
     wrapped = make_ddp(model, **ddp_kwargs)
