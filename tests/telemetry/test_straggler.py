@@ -155,3 +155,17 @@ def test_links_planted_in_the_run_dir_are_not_written_through(tmp_path, planted)
     assert path == run_dir / "straggler-step00000005.json" and not path.is_symlink()
     assert json.loads(path.read_text())["straggler_rank"] == 1
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def test_the_straggler_line_and_document_name_the_phase_when_the_flagged_rank_is_the_one_waited_for():
+    nan = float("nan")
+    rows = [[0.0049, nan, nan, nan, 0.0, 0.0, 0.0003, 0.0431, 0.0006, 0.0040],
+            [0.0447, nan, nan, nan, 1.0, 0.0, 0.0406, 0.0019, 0.0005, 0.0036]]
+    r = dataclasses.replace(skew_report(21, 40, rows), flagged=(1,), ratios=(0.11, 9.1))
+    line = describe_flag(r, 1)
+    assert "cause: data" in line and "; phases: rank 1: data +40 ms per step; " in line, line
+    doc = diagnosis([r], 1)
+    assert doc["phases"]["culprit"]["rank"] == 1 and doc["phases"]["culprit"]["cause"] == "data"
+    assert doc["phases"]["per_rank_seconds"][0]["comm_wait"] > 0.04
+    # rank 0 is not the one the others waited for: its line (were it flagged) names no phase
+    assert "phases:" not in describe_flag(dataclasses.replace(r, flagged=(0,)), 0)
