@@ -31,8 +31,8 @@ r["aranges"] = [[list(t.shape), str(t.dtype), t.cpu().tolist()] for t in (
     torch.arange(6.0, device="npu"), torch.arange(2, 5, device="npu:0"),
     torch.arange(0, 1.5, 0.5, device="npu", dtype=torch.float64))]
 try:
-    torch.arange(3.0, out=torch.empty(0, device="npu"))
-    r["arange_resized_out"] = None
+    resized = torch.arange(3.0, out=torch.empty(0, device="npu"))
+    r["arange_resized_out"] = [list(resized.shape), resized.cpu().tolist()]
 except RuntimeError as exc:
     r["arange_resized_out"] = str(exc)
 

@@ -347,13 +347,12 @@ class SimDeviceModule(types.ModuleType):
                 "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved}
 
     def seed(self) -> None:
-        torch.seed()
+        SIM.rng.manual_seed(torch.randint(0, 2**63 - 1, ()).item())
 
-    def seed_all(self) -> None:
-        torch.seed()
+    seed_all = seed
 
     def initial_seed(self) -> int:
-        return torch.initial_seed()
+        return SIM.rng.seed
 
     def device_of(self, obj: Any) -> Any:
         """The device context of a tensor: its device on the NPU, none (-1) for a host tensor."""
@@ -411,22 +410,21 @@ class SimDeviceModule(types.ModuleType):
         SIM.allocations.reset_peak()
 
     def manual_seed(self, seed: int) -> None:
-        # Simulated tensors draw from the host generator (their kernels are the CPU's).
-        torch.default_generator.manual_seed(seed)
+        # The device's own generator (sim/rng.py), as torch_npu's; torch.manual_seed reaches it through
+        # manual_seed_all (torch/random.py, _seed_custom_device).
+        SIM.rng.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        # torch.manual_seed calls this after seeding the host generator, which is the one in use here.
-        return None
+    manual_seed_all = manual_seed
 
     def get_rng_state(self, device: Any = None) -> torch.Tensor:
-        return torch.get_rng_state()
+        return SIM.rng.get_state()
 
     def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
-        # DTensor's RNG tracker hands back the state it read as a device tensor (torch/distributed/tensor/_random.py),
-        # inside DTensor's dispatch, where even its .to("cpu") stays the wrapper: the host state is what it holds.
+        # DTensor's RNG tracker hands back the state as it read it (torch/distributed/tensor/_random.py), at times
+        # a device tensor: its host bytes are the state.
         from npudist.sim.tensor import SimTensor
 
-        torch.set_rng_state(state.elem if isinstance(state, SimTensor) else state.to("cpu"))
+        SIM.rng.set_state(state.elem if isinstance(state, SimTensor) else state.to("cpu"))
 
     def get_amp_supported_dtype(self) -> list[torch.dtype]:
         # What torch.autocast(device_type) asks a PrivateUse1 module for (torch/amp/autocast_mode.py);

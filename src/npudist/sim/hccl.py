@@ -79,6 +79,8 @@ class SimHcclGroup(dist.ProcessGroup):
         host = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
         self._inner: dist.ProcessGroupGloo | None = host
         self.row = row
+        self._store, self._timeout = store, timeout
+        self._backend = _BackendView(self)
         self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._divide: list[torch.Tensor] = []
         self._name = ""
@@ -102,6 +104,36 @@ class SimHcclGroup(dist.ProcessGroup):
         gather_object, scatter_object_list) read it to place their byte tensors
         (distributed_c10d._get_object_coll_device); as on a real HCCL group, that is the NPU."""
         return [torch.device(DEVICE_TYPE)]
+
+    def _get_backend(self, device: torch.device | str) -> _BackendView:
+        """The backend serving ``device``: this group for ``npu``, none for anything else.
+
+        torch asks for it by device: ``init_process_group(device_id=...)`` (eager connect), DeviceMesh and
+        ``split_group`` (whether it can split). A C++ ProcessGroup answers from the backends registered on
+        it; a Python group has none, so torch found "No backend type associated with device type npu"."""
+        kind = torch.device(device).type
+        if kind != DEVICE_TYPE:
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self._backend
+
+    def get_group_store(self) -> dist.Store:
+        return self._store
+
+    def split_group(self, ranks: list[int], *, timeout: timedelta | None = None, opts: Any = None,
+                    group_name: str = "", group_desc: str | None = None, device_types: Any = None,
+                    **_: Any) -> SimHcclGroup | None:
+        """A new group of ``ranks`` (ranks of this group), as ProcessGroupHCCL splits its communicator
+        (HcclCommInitRootInfoConfig with a split color, torch_npu). torch's ``split_group`` calls it; DeviceMesh
+        does for every mesh dimension of a group bound to a device (``init_process_group(device_id=...)``).
+        None on a rank not in ``ranks``, as torch's own split returns."""
+        if self.rank() not in ranks:
+            return None
+        store = dist.PrefixStore(f"split/{group_name}", self._store)
+        group = SimHcclGroup(store, ranks.index(self.rank()), len(ranks), timeout or self._timeout, self.row)
+        group._set_group_name(group_name)
+        if group_desc:
+            group._set_group_desc(group_desc)
+        return group
 
     def _host_group(self) -> dist.ProcessGroupGloo:
         if self._inner is None:
@@ -258,6 +290,17 @@ class SimHcclGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
     reduce_scatter_single = _reduce_scatter_base
 
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        # what torch's functional all_gather (DTensor, FSDP2's state dicts) calls on the group
+        for output, input in zip(outputs, inputs, strict=True):
+            self._allgather_base(output, input, opts)
+        return self._done(list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, input in zip(outputs, inputs, strict=True):
+            self._reduce_scatter_base(output, input, opts)
+        return self._done(list(outputs))
+
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         host = self._host("HcclReduce", tensors, _op_name(opts))
@@ -314,6 +357,31 @@ class SimHcclGroup(dist.ProcessGroup):
         # rendezvous without one.
         SIM.counts.calls["barrier"] += 1
         return self._done([], self._host_group().barrier(dist.BarrierOptions()))
+
+
+class _BackendView:
+    """What ``pg._get_backend(npu)`` returns for a simulated hccl group: the attributes torch reads from a
+    backend object (distributed_c10d: supports_splitting, options, eager connect, sequence numbers, name)."""
+
+    supports_splitting = True  # ProcessGroupHCCL splits (torch_npu); split_group above does it here
+    supports_coalescing = False
+    supports_time_estimate = False
+    options = None
+
+    def __init__(self, group: SimHcclGroup) -> None:
+        self._group = group
+
+    def name(self) -> str:
+        return BACKEND
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        return None  # gloo connected when the group was made
+
+    def _set_sequence_number_for_group(self) -> None:
+        return None
+
+    def comm_split_count(self) -> int:
+        return 0
 
 
 def creator(row: Constraints):

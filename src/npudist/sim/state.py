@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from npudist.sim.rng import SimGenerator
+
 
 class Allocations:
     """Bytes of host storage held by live simulated tensors, counted once per storage.
@@ -72,6 +74,8 @@ class Counts:
 class SimState:
     allocations: Allocations = field(default_factory=Allocations)
     counts: Counts = field(default_factory=Counts)
+    rng: SimGenerator = field(default_factory=SimGenerator)
+    """The simulated NPU's generator (sim/rng.py)."""
     row: str | None = None
     """The constraint row the simulated ``hccl`` enforces; None until the simulation is installed."""
     library: Any = None

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from npudist.sim.batch_norm import KERNELS as HOST_KERNELS
+from npudist.sim.rng import seeded
 from npudist.sim.state import SIM
 
 DEVICE_TYPE = "npu"
@@ -87,13 +88,56 @@ class SimTensor(torch.Tensor):
         special = _SPECIAL.get(func)
         if special is not None:
             return special(*args, **kwargs)
+        if func.namespace in _COLLECTIVE_NAMESPACES:
+            # torch's functional collectives (DTensor, tensor parallel): their kernel hands the tensors to the
+            # group named in the call, the simulated hccl, which needs them as device tensors; unwrapped, they
+            # would reach it as host tensors and be refused as HCCL refuses them.
+            return func.redispatch(_DEVICE_KEYS, *args, **kwargs)
         host_kernel = HOST_KERNELS.get(func)
         if host_kernel is not None:  # an op torch has no CPU kernel for (batch_norm.py)
             return _wrap(host_kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
-        out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
+        if _draws_from_device_generator(func, args, kwargs):
+            out = SIM.rng.run(lambda: func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}), _numel)
+        else:
+            out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
         if _written(func):
             return _in_place_result(func, args, kwargs, out)
         return _wrap(out)
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The host storage: FSDP2 frees and reallocates an unsharded parameter's memory by resizing it
+        (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, free_storage/alloc_storage), which a wrapper's
+        own storage refuses ("invalid python storage"); resizing the host storage is the same act on the
+        memory the tensor computes with."""
+        return self.elem.untyped_storage()
+
+
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "_dtensor"})
+_DEVICE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+_HOST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+@functools.cache
+def _generator_position(func: torch._ops.OpOverload) -> int | None:
+    """Where a random op takes its generator (-1: it has no such argument); None for an op that draws none."""
+    if not seeded(func):
+        return None
+    names = [a.name for a in func._schema.arguments]
+    return names.index("generator") if "generator" in names else -1
+
+
+def _draws_from_device_generator(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """A random op given no generator of its own draws from the device's (sim/rng.py)."""
+    at = _generator_position(func)
+    if at is None:
+        return False
+    own = kwargs.get("generator") is not None or (0 <= at < len(args) and args[at] is not None)
+    return not own
+
+
+def _numel(out: Any) -> int:
+    first = out[0] if isinstance(out, tuple | list) and out else out
+    return first.numel() if isinstance(first, torch.Tensor) else 0
 
 
 def _unwrap(x: Any) -> Any:
@@ -126,20 +170,32 @@ def _written(func: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
 def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> Any:
     """An in-place or out= op returns the tensor(s) it wrote: the caller's own wrappers, not new ones.
 
-    A wrapper's size is fixed when it is made, so an out= op that resized the host tensor (as out= ops
-    may, torch's "resize_output" rule) would leave a wrapper reporting the old size over the new data:
-    refused, naming the sizes, instead of returning a tensor whose shape lies."""
+    An op that resized the host tensor (``resize_``, as all_gather_object calls on its byte tensor; an out=
+    op under torch's "resize_output" rule) is followed by the wrapper, whose size is otherwise fixed when it is
+    made: torch's CPU resize kernel sets a TensorImpl's sizes whatever its device. A host result that is not
+    contiguous cannot be followed that way and is refused, naming the sizes, rather than returned with a shape
+    that lies."""
     written = [args[i] if i < len(args) else kwargs.get(name) for i, name in _written(func)]
     written = [w for w in written if isinstance(w, torch.Tensor)]
     for w in written:
         if isinstance(w, SimTensor) and w.shape != w.elem.shape:
-            raise RuntimeError(f"{func}: the simulated npu cannot resize an out= tensor from {list(w.shape)} to "
-                               f"{list(w.elem.shape)}; pass an out= tensor of the result's size, or none")
+            _follow_resize(func, w)
     if isinstance(out, (tuple, list)) and len(out) == len(written):
         return type(out)(written)
     if isinstance(out, torch.Tensor) and written:
         return written[0]
     return _wrap(out)
+
+
+def _follow_resize(func: torch._ops.OpOverload, w: SimTensor) -> None:
+    before = list(w.shape)
+    if w.elem.is_contiguous() and w.storage_offset() == w.elem.storage_offset():
+        aten.resize_.default.redispatch(_HOST_KEYS, w, w.elem.shape)
+        if w.stride() == w.elem.stride():
+            return
+    raise RuntimeError(f"{func}: the simulated npu cannot resize an out= tensor from {before} to "
+                       f"{list(w.elem.shape)} with strides {list(w.elem.stride())}; pass an out= tensor of the "
+                       "result's size, or none")
 
 
 def _target_is_sim(device: Any) -> bool:

@@ -1,9 +1,0 @@
-"""Moved to ``npudist.diagnosis.rank_states`` (docs/architecture.md's layout);
-this path stays an alias of that module for one release, so scripts that import it keep working
-(tests/test_moved_paths.py)."""
-
-import sys
-
-from npudist.diagnosis import rank_states as _moved
-
-sys.modules[__name__] = _moved
