@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from npudist.runtime.env import launcher_env
+
 FOLDER = "dry-run-checkpoint"
 PREFIX = "npudist dry run:"
 
@@ -99,8 +101,8 @@ def checkpoint_dir(run_dir: str | None, env: Mapping[str, str]) -> Path:
     ("none" under its static rendezvous) or the rendezvous address."""
     if run_dir:
         return Path(run_dir) / FOLDER
-    run_id = env.get("TORCHELASTIC_RUN_ID", "")
-    job = run_id if run_id not in ("", "none") else f"{env.get('MASTER_ADDR', 'local')}-{env.get('MASTER_PORT', '0')}"
+    launcher = launcher_env(env)
+    job = launcher.run_id or f"{launcher.master_addr or 'local'}-{launcher.master_port or '0'}"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job)
     return Path(tempfile.gettempdir()) / f"npudist-{FOLDER}-{safe}"
 

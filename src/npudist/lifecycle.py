@@ -21,7 +21,7 @@ from npudist.accelerators import Accelerator, accelerator
 from npudist.comm import control
 from npudist.comm import state as comm_state
 from npudist.runtime import network
-from npudist.runtime.env import RankInfo, rank_info
+from npudist.runtime.env import LauncherEnv, RankInfo, launcher_env, rank_info
 from npudist.runtime.settings import Settings, SettingsError
 from npudist.runtime.state import Runtime, current, peek
 
@@ -60,8 +60,8 @@ def _timeout(value: float | timedelta | None, settings: Settings) -> timedelta:
     return timedelta(seconds=value)
 
 
-def _rendezvous_address(info: RankInfo) -> tuple[str, int]:
-    addr = os.environ.get("MASTER_ADDR", "").strip()
+def _rendezvous_address(info: RankInfo, launcher: LauncherEnv) -> tuple[str, int]:
+    addr = launcher.master_addr
     if not addr:
         raise DistInitError(
             f"MASTER_ADDR is not set, and {info.source} does not provide a rendezvous address. "
@@ -69,7 +69,7 @@ def _rendezvous_address(info: RankInfo) -> tuple[str, int]:
             "MASTER_PORT to a free port, e.g. `mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...`, "
             "or start the job with `npudist launch --mpi`, which sets both."
         )
-    raw_port = os.environ.get("MASTER_PORT", "29500").strip()
+    raw_port = launcher.master_port or "29500"
     if not raw_port.isdigit() or not 0 < int(raw_port) < 65536:
         raise DistInitError(f"MASTER_PORT={raw_port!r} is not a TCP port (1-65535)")
     return addr, int(raw_port)
@@ -124,10 +124,10 @@ def _refused(text: str, info: RankInfo, where: str) -> DistInitError:
     )
 
 
-def _check_advertised(info: RankInfo, backend: str) -> None:
+def _check_advertised(info: RankInfo, launcher: LauncherEnv, backend: str) -> None:
     """Refuse, before any collective, a multi-node gloo rank that would advertise a loopback address: its
     peers on other nodes would connect to themselves and fail with "Connection refused" far from the cause."""
-    master = os.environ.get("MASTER_ADDR", "").strip()
+    master = launcher.master_addr
     if backend != "gloo" or info.world_size <= info.local_world_size or not master:
         return
     try:
@@ -178,7 +178,7 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, *
     chosen = backend or acc.backend
     td = _timeout(timeout, rt.settings)
     if not dist.is_initialized():
-        _join(info, chosen, td)
+        _join(info, launcher_env(os.environ), chosen, td)
     if not rt.owns("group"):
         rt.own("group", control.end_group)
     rt.context = DistContext(
@@ -206,21 +206,21 @@ def _dry_run(rt: Runtime) -> None:
     rt.own("run_logs", dry_run.install(steps, dry_run.checkpoint_dir(rt.settings.run_dir, os.environ), ctx.rank))
 
 
-def _join(info: RankInfo, backend: str, timeout: timedelta) -> None:
-    _check_advertised(info, backend)
+def _join(info: RankInfo, launcher: LauncherEnv, backend: str, timeout: timedelta) -> None:
+    _check_advertised(info, launcher, backend)
     if info.source == "single":
         # A world of one needs no port: an in-process store keeps notebooks and tests free of clashes.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return
     if info.needs_rendezvous_address:
-        addr, port = _rendezvous_address(info)
+        addr, port = _rendezvous_address(info, launcher)
         where = f"{addr}:{port}"
         kwargs = {"init_method": f"tcp://{addr}:{port}", "rank": info.rank, "world_size": info.world_size}
-    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-        kwargs = {"store": _attempt_store(info, timeout), "rank": info.rank, "world_size": info.world_size}
+    elif launcher.use_agent_store:
+        where = launcher.address()
+        kwargs = {"store": _attempt_store(info, launcher, timeout), "rank": info.rank, "world_size": info.world_size}
     else:
-        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        where = launcher.address()
         kwargs = {"init_method": "env://"}
     try:
         if "store" in kwargs:
@@ -254,7 +254,7 @@ def _all_arrived(store: dist.Store, world_size: int, timeout: timedelta) -> None
         pause = min(ARRIVAL_POLL_S, pause * 2)
 
 
-def _attempt_store(info: RankInfo, timeout: timedelta) -> dist.Store:
+def _attempt_store(info: RankInfo, launcher: LauncherEnv, timeout: timedelta) -> dist.Store:
     """The agent's store, with this restart attempt's own key space.
 
     torchrun's static rendezvous keeps one TCPStore across restarts while env:// assumes a new one
@@ -263,12 +263,14 @@ def _attempt_store(info: RankInfo, timeout: timedelta) -> dist.Store:
     fresh ones.
     """
     try:
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        store = dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
-    except (KeyError, ValueError, RuntimeError) as exc:
+        if not (launcher.master_addr and launcher.master_port.isdigit()):
+            raise ValueError(f"MASTER_ADDR:MASTER_PORT is {launcher.address('unset')}")
+        store = dist.TCPStore(launcher.master_addr, int(launcher.master_port), info.world_size, is_master=False,
+                              timeout=timeout)
+    except (ValueError, RuntimeError) as exc:
         raise DistInitError(f"rank {info.rank}: cannot reach torchrun's store at MASTER_ADDR/MASTER_PORT: {exc}") \
             from exc
-    return dist.PrefixStore(f"npudist/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"npudist/attempt_{launcher.restart_count}", store)
 
 
 def context() -> DistContext | None:

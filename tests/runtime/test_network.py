@@ -3,6 +3,7 @@
 import pytest
 
 from npudist.runtime import network
+from npudist.runtime.env import launcher_env
 from npudist.runtime.network import Interface, NetworkError, Route
 
 # Recorded with iproute2 6.1 (Debian 12): a worker node of a two-node cluster in namespaces (npudist.testing.
@@ -93,12 +94,11 @@ def _info(rank=2, world=4, local=2):
 def test_a_multi_node_rank_that_would_advertise_loopback_is_refused_naming_the_fix(monkeypatch):
     from npudist import lifecycle
 
-    monkeypatch.setenv("MASTER_ADDR", "10.213.0.1")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setattr(network, "gloo_address", lambda env: ("127.0.1.1", "hostname node1 resolves to it"))
     monkeypatch.setattr(network, "route_to", lambda host: Interface("eth0", "10.213.0.2"))
     with pytest.raises(lifecycle.DistInitError) as err:
-        lifecycle._check_advertised(_info(), "gloo")
+        lifecycle._check_advertised(_info(), launcher_env({"MASTER_ADDR": "10.213.0.1"}), "gloo")
     text = str(err.value)
     for part in ("rank 2 of 4 (node 1) would advertise 127.0.1.1", "hostname node1 resolves to it",
                  "eth0 (10.213.0.2)", "export GLOO_SOCKET_IFNAME=eth0"):
@@ -113,9 +113,8 @@ def test_a_multi_node_rank_that_would_advertise_loopback_is_refused_naming_the_f
 def test_the_refusal_leaves_working_layouts_alone(monkeypatch, master, advertised, local, refused):
     from npudist import lifecycle
 
-    monkeypatch.setenv("MASTER_ADDR", master)
     monkeypatch.setattr(network, "gloo_address", lambda env: (advertised, "test"))
-    lifecycle._check_advertised(_info(world=4, local=local), "gloo")
+    lifecycle._check_advertised(_info(world=4, local=local), launcher_env({"MASTER_ADDR": master}), "gloo")
 
 
 def test_connection_refused_from_a_loopback_peer_is_called_a_wrong_interface_not_a_dead_rank():

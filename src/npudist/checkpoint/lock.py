@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from npudist.checkpoint.writer import CheckpointError
+from npudist.runtime.env import launcher_env
 
 log = logging.getLogger("npudist.checkpoint")
 LOCK_FILE = ".npudist.lock"
@@ -90,11 +91,9 @@ def parse_holder(text: str) -> Holder | None:
 
 
 def this_process(env: dict[str, str] | None = None) -> Holder:
-    env = dict(os.environ) if env is None else env
-    job = env.get("TORCHELASTIC_RUN_ID", "")
-    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    launcher = launcher_env(os.environ if env is None else env)
     return Holder(socket.gethostname(), os.getpid(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "" if job in ("", "none") else job, int(restart) if restart.isdigit() else 0)
+                  launcher.run_id, launcher.restart_count)
 
 
 class RunDirLock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from npudist.doctor.checks import check
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, WARN, CheckResult
+from npudist.runtime.env import launcher_env
 from npudist.runtime.network import IFNAME_VARS, NetworkError, is_loopback, selects
 
 CONNECT_S = 3.0
@@ -13,7 +14,7 @@ CONNECT_S = 3.0
 
 @check("route-to-master")
 def route_to_master(host: Host) -> list[CheckResult]:
-    addr = host.env.get("MASTER_ADDR", "").strip()
+    addr = launcher_env(host.env).master_addr
     if not addr:
         return [CheckResult("route-to-master", SKIP, "no master address (npudist doctor --master-addr HOST)")]
     try:
@@ -43,7 +44,7 @@ def route_to_master(host: Host) -> list[CheckResult]:
 
 
 def _port(host: Host, addr: str) -> CheckResult:
-    raw = host.env.get("MASTER_PORT", "").strip() or "29500"
+    raw = launcher_env(host.env).master_port or "29500"
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         return CheckResult("rendezvous-port", FAIL, f"MASTER_PORT={raw!r} is not a TCP port", "use 1-65535")
     try:

@@ -8,13 +8,14 @@ import socket
 from npudist.doctor.checks import check
 from npudist.doctor.host import Host
 from npudist.doctor.result import FAIL, OK, SKIP, WARN, CheckResult
+from npudist.runtime.env import launcher_env
 from npudist.runtime.network import IFNAME_RULES, matching
 
 
 @check("master-addr")
 def master_addr(host: Host) -> list[CheckResult]:
-    addr = host.env.get("MASTER_ADDR", "").strip()
-    port = host.env.get("MASTER_PORT", "").strip()
+    launcher = launcher_env(host.env)
+    addr, port = launcher.master_addr, launcher.master_port
     out = []
     if not addr:
         out.append(CheckResult("master-addr", SKIP, "MASTER_ADDR not set (torchrun/npudist launch set it)"))

@@ -40,6 +40,7 @@ from npudist.infer.collective import world
 from npudist.infer.combine import finish
 from npudist.infer.ensemble import EnsembleError, EnsembleResult, EnsembleServer, EnsembleStats
 from npudist.runtime import network
+from npudist.runtime.env import launcher_env
 
 SHAPE, TOKEN, COMPUTE = "X-Npudist-Shape", "X-Npudist-Token", "X-Npudist-Compute-Seconds"
 DEADLINE_S = 5.0
@@ -89,7 +90,7 @@ def member_address(host: str) -> str:
                          "to the master) or this board's own address")
     if host != "auto":
         return host
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    master = launcher_env(os.environ).master_addr or "127.0.0.1"
     try:
         if network.is_loopback(network.resolve(master)):
             return "127.0.0.1"

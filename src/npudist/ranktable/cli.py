@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from npudist.ranktable.table import RankTableError
+from npudist.runtime.env import launcher_env
 
 app = typer.Typer(no_args_is_help=True, help="HCCL rank tables (RANK_TABLE_FILE) for Ascend multi-node jobs.")
 err = Console(stderr=True, soft_wrap=True)
@@ -51,7 +52,8 @@ def write_cmd(
         if (super_pod_id is None) != (super_device_ids is None):
             raise RankTableError("--super-pod-id and --super-device-ids go together (version 1.2)")
         phys = _ids(devices, "--devices")
-        node = this_node(root=Path(root), env=os.environ, master_addr=master_addr or os.environ.get("MASTER_ADDR"),
+        master_addr = master_addr or launcher_env(os.environ).master_addr or None
+        node = this_node(root=Path(root), env=os.environ, master_addr=master_addr,
                          host_ip=host_ip, devices=[int(d) for d in phys] if phys else None,
                          super_pod_id=super_pod_id, super_device_ids=_ids(super_device_ids, "--super-device-ids"))
         table = build([node])

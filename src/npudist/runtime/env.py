@@ -1,6 +1,8 @@
-"""Where this process's rank comes from: torchrun, Open MPI, MPICH/Intel MPI or Slurm variables.
+"""Where this process's rank comes from (torchrun, Open MPI, MPICH/Intel MPI or Slurm variables), and the
+rest of what the launcher told it (torchrun's rendezvous address, torchelastic's TORCHELASTIC_* variables).
 
-Pure functions over a mapping, so every launcher's environment can be tested without starting it.
+Pure functions over a mapping, so every launcher's environment can be tested without starting it: npudist
+reads these variables here and nowhere else (``rank_info``, ``launcher_env``), from ``os.environ`` at the edge.
 """
 
 from __future__ import annotations
@@ -108,3 +110,55 @@ def torchrun_env(info: RankInfo, master_addr: str, master_port: int) -> dict[str
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
     }
+
+
+@dataclass(frozen=True)
+class LauncherEnv:
+    """What torchrun's elastic agent (or ``npudist launch --mpi``) tells a worker besides its rank layout.
+
+    Names follow torch's ``torch/distributed/elastic/agent/server/local_elastic_agent.py``, which sets them.
+    """
+
+    master_addr: str = ""
+    """MASTER_ADDR, stripped; "" when unset."""
+    master_port: str = ""
+    """MASTER_PORT as given, stripped; "" when unset (its checks belong to whoever connects to it)."""
+    local_rank: int | None = None
+    """LOCAL_RANK; None when unset or not an integer."""
+    local_world_size: int | None = None
+    """LOCAL_WORLD_SIZE; None when unset or not an integer."""
+    run_id: str = ""
+    """TORCHELASTIC_RUN_ID; "" when unset or torchrun's static rendezvous placeholder "none"."""
+    restart_count: int = 0
+    """TORCHELASTIC_RESTART_COUNT: 0 in the first attempt (and when unset or not an integer)."""
+    max_restarts: int | None = None
+    """TORCHELASTIC_MAX_RESTARTS; None when unset (not under torchrun)."""
+    error_file: str = ""
+    """TORCHELASTIC_ERROR_FILE: where torchrun reads a failed worker's error; "" when unset."""
+    use_agent_store: bool = False
+    """TORCHELASTIC_USE_AGENT_STORE == "True": the agent's TCPStore is at MASTER_ADDR:MASTER_PORT."""
+
+    def address(self, default: str = "?") -> str:
+        """``MASTER_ADDR:MASTER_PORT`` for messages, ``default`` for each part that is unset."""
+        return f"{self.master_addr or default}:{self.master_port or default}"
+
+
+def _int_or_none(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def launcher_env(env: Mapping[str, str]) -> LauncherEnv:
+    """The launcher's variables in ``env`` (``os.environ`` in a worker) as one record."""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    return LauncherEnv(
+        master_addr=env.get("MASTER_ADDR", "").strip(),
+        master_port=env.get("MASTER_PORT", "").strip(),
+        local_rank=_int_or_none(env, "LOCAL_RANK"),
+        local_world_size=_int_or_none(env, "LOCAL_WORLD_SIZE"),
+        run_id="" if run_id == "none" else run_id,
+        restart_count=_int_or_none(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+        max_restarts=_int_or_none(env, "TORCHELASTIC_MAX_RESTARTS"),
+        error_file=env.get("TORCHELASTIC_ERROR_FILE", "").strip(),
+        use_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    )

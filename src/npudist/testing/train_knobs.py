@@ -15,6 +15,7 @@ import time
 import torch
 
 import npudist
+from npudist.runtime.env import launcher_env
 
 FAULTS = ("sigstop", "sleep", "stall", "skip", "mismatch", "sigkill")
 FAULT_SLEEP_S = 3600.0
@@ -40,7 +41,7 @@ def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
     only, so a restarted job runs past the step that failed."""
     if args.fault is None or rank != args.fault_rank or step != args.fault_step:
         return
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if launcher_env(os.environ).restart_count:
         return
     at = {"stall": "start", "sleep": "backward", "sigstop": "end", "sigkill": "end"}.get(args.fault)
     if at != where:
