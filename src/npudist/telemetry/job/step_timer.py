@@ -367,3 +367,4 @@ def watch_ddp(ddp: Any, timer: StepTimer) -> None:
 
     sync = gradient_sync(ddp)
     timer.count_waits(lambda: sync.wait_seconds)
+    timer.count_comm(lambda: sync.blocked_seconds)  # the comm phases: only what backward's end waited for
