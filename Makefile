@@ -8,7 +8,7 @@ PROM_PORT ?= 10190
 EXPORTER_PORT ?= 9400
 OBSERVE_STEPS ?= 20000
 
-.PHONY: setup demo test lint observe
+.PHONY: setup demo test check lint observe
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -38,9 +38,24 @@ observe: setup
 		$(PYTHON) -m npudist launch --nproc-per-node 2 --metrics-port $(METRICS_PORT) \
 		--targets-file $(RUN_DIR)/targets.json examples/train_ddp.py --steps $(OBSERVE_STEPS) --run-dir $(RUN_DIR)
 
+# The test tiers (tests/process_guard.py): `slow` marks every test that starts a process (marked subprocess,
+# ranks, cluster or e2e; a test that starts one unmarked fails), so `-m "not slow"` starts none and runs on
+# PYTEST_WORKERS pytest-xdist workers. The slow tier runs serially: its multi-rank tests bind ports and time
+# their ranks, and must not share the cores with each other.
+PYTEST_WORKERS ?= 2
+
+# The development loop: ruff and the tier that starts no process, in parallel (a few minutes on 2 cores).
+check: setup
+	$(PYTHON) -m ruff check src tests examples benchmarks
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
+
+# Everything (what CI and the README run): the check tier in parallel, then the slow tier serially; both run
+# whatever the first gave, so one CI log shows every failure.
 test: setup
 	$(PYTHON) -m ruff check src tests examples benchmarks
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"; fast=$$?; \
+		$(PYTHON) -m pytest -q -m slow; slow=$$?; \
+		[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
 lint:
 	$(PYTHON) -m ruff check src tests examples benchmarks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import os
 import shlex
@@ -13,6 +14,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+# The test tiers: a test that starts a process without its marker fails (tests/process_guard.py).
+from tests.process_guard import (  # noqa: F401  pytest finds hooks by name in this module
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_fixture_setup,
+    pytest_runtest_call,
+    pytest_runtest_setup,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
@@ -103,6 +113,34 @@ def run_ranks(script: str, args: list[str], *, world: int = 2, env: dict[str, st
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# The shared "golden run": 100 steps (the loss falls well below its start), checkpoints at 50 and 100, one
+# skew exchange (at step 100), run log and telemetry on.
+GOLDEN_ARGS = ["--steps", "100", "--log-every", "5", "--checkpoint-every", "50", "--exchange-every", "100"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldenRun:
+    run_dir: Path  # read it; copy it (shutil.copytree) before resuming or writing into it
+    args: list[str]  # what followed `npudist launch --nproc-per-node 2`: the example, GOLDEN_ARGS, --run-dir
+    done: subprocess.CompletedProcess[str]  # the launch: its console (rank 0's lines) and exit code
+
+    def args_for(self, run_dir: Path) -> list[str]:
+        """The same command line for a copy of the run directory (add --steps N to train on)."""
+        return [str(run_dir) if a == str(self.run_dir) else a for a in self.args]
+
+
+@pytest.fixture(scope="session")
+def golden_run(tmp_path_factory: pytest.TempPathFactory) -> GoldenRun:
+    """One 2-rank run of examples/train_ddp.py under `npudist launch`, shared by the tests that only read a
+    finished run (its console, run log, checkpoints) instead of each launching its own. Tests that use it
+    start ranks: mark them e2e."""
+    run_dir = tmp_path_factory.mktemp("golden") / "run"
+    args = [str(REPO / "examples" / "train_ddp.py"), *GOLDEN_ARGS, "--run-dir", str(run_dir)]
+    done = run_npudist(["launch", "--nproc-per-node", "2", *args], env=child_env(), timeout=300)
+    assert done.returncode == 0, f"the golden run failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return GoldenRun(run_dir, args, done)
 
 
 # CI (.ci/run) installs every tool the tests use, so there a skip means a test silently did not run; it lists

@@ -59,11 +59,13 @@ def broken_plugin(tmp_path: Path) -> dict[str, str]:
     return child_env(pythonpath=[tmp_path])
 
 
+@pytest.mark.subprocess
 def test_stand_in_really_breaks_import_torch(broken_plugin):
     done = run_py(["-c", "import torch"], env=broken_plugin)
     assert done.returncode != 0 and "Failed to load the backend extension: torch_acme" in done.stderr
 
 
+@pytest.mark.subprocess
 def test_doctor_json_reports_it_and_exits_1(broken_plugin):
     done = run_npudist(["doctor", "--json"], env=broken_plugin)
     assert done.returncode == 1, done.stderr
@@ -74,6 +76,7 @@ def test_doctor_json_reports_it_and_exits_1(broken_plugin):
     assert checks["accelerator:cpu"]["status"] == "ok"  # the other checks ran
 
 
+@pytest.mark.subprocess
 def test_launch_and_bench_refuse_without_a_traceback(broken_plugin):
     for args in (["launch", "--nproc-per-node", "2", "examples/train_ddp.py", "--steps", "2"],
                  ["bench", "collective", "--op", "all_reduce"]):
@@ -84,6 +87,7 @@ def test_launch_and_bench_refuse_without_a_traceback(broken_plugin):
         assert "step=" not in done.stdout
 
 
+@pytest.mark.subprocess
 def test_autoload_off_by_the_user_is_not_overridden(broken_plugin):
     """With TORCH_DEVICE_BACKEND_AUTOLOAD=0 set by hand torch imports and nothing is reported as broken."""
     env = {**broken_plugin, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}

@@ -44,6 +44,7 @@ def _help(argv: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("argv", FAST, ids=" ".join)
 def test_help_is_answered_without_importing_torch(argv):
     got = _help(argv)
@@ -51,6 +52,7 @@ def test_help_is_answered_without_importing_torch(argv):
     assert ("npudist" in got["page"]) and ("usage" in got["page"].lower() or got["page"].startswith("npudist "))
 
 
+@pytest.mark.subprocess
 def test_the_top_level_page_lists_every_command_with_its_help():
     page = _help(["--help"])["page"]
     for name in ("launch", "doctor", "test", "exporter", "report", "diagnose", "observe", "dashboards", "migrate",
@@ -60,11 +62,13 @@ def test_the_top_level_page_lists_every_command_with_its_help():
     assert "[npudist options] [torchrun options] SCRIPT [ARGS]" in page  # not eaten as rich markup
 
 
+@pytest.mark.subprocess
 def test_the_lazy_commands_still_run():
     got = _help(["deploy", "k8s", "--help"])
     assert got["code"] in (0, None) and "--namespace" in got["page"]
 
 
+@pytest.mark.subprocess
 def test_launch_help_lists_npudists_options_then_torchruns_without_torch():
     page = _help(["launch", "--help"])["page"]
     assert page.index("--metrics-port") < page.index("--nnodes") and "--rdzv-backend" in page
@@ -101,6 +105,7 @@ print(json.dumps({n: type(getattr(pkg, n)).__name__ for n in pkg.__all__
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("package", ["npudist.telemetry", "npudist.edge", "npudist.accelerators"])
 def test_a_lazily_exported_name_is_never_shadowed_by_a_submodule(package):
     # A name loaded on first use must not share its name with a submodule: once anything imports that
@@ -116,6 +121,7 @@ WITH_EXAMPLES = [["doctor"], ["test"], ["exporter"], ["report"], ["diagnose"], [
                  ["deploy", "slurm"], ["deploy", "k8s"]]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("argv", WITH_EXAMPLES, ids=" ".join)
 def test_a_help_page_shows_an_example_of_its_command(argv):
     page = " ".join(_help([*argv, "--help"])["page"].replace("│", " ").split())

@@ -27,6 +27,7 @@ def _helper():
 dc = _helper()
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(torch.cuda.is_available() or shutil.which("nvidia-smi") is not None,
                     reason="this host has a GPU: the device check really runs there (make device-check)")
 def test_script_without_a_gpu_skips_everything_with_reasons(tmp_path: Path) -> None:
@@ -86,6 +87,7 @@ def _outcomes(checks: list[dict]) -> dict[str, str]:
     return {c["name"].split("::")[-1]: c["outcome"] for c in checks}
 
 
+@pytest.mark.subprocess
 def test_report_reads_pytest_junit_and_verbose_output(sample_run: tuple[str, str]) -> None:
     junit, log = sample_run
     want = {"test_good": "passed", "test_bad": "failed", "test_skipped": "skipped"}
@@ -131,6 +133,7 @@ def test_report_bench_and_gpu_checks() -> None:
     assert dc.gpu_check("", cpu_torch) is None
 
 
+@pytest.mark.subprocess
 def test_report_fails_a_gpu_host_whose_torch_cannot_use_it(tmp_path: Path, sample_run: tuple[str, str],
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Files as device-check.sh leaves them where nvidia-smi lists a GPU but torch is a CPU build: the

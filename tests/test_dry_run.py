@@ -64,6 +64,7 @@ npudist.shutdown()
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["plain", "corrupt"])
 def test_the_round_trip_compares_params_and_optimizer_state_and_names_a_bad_checkpoint(tmp_path, mode):
     done = run_py(["-c", ROUND_TRIP, str(tmp_path / "ck"), mode], timeout=120)
@@ -74,6 +75,7 @@ def test_the_round_trip_compares_params_and_optimizer_state_and_names_a_bad_chec
         assert "failed: checkpoint 1 was saved in" in done.stdout and "no good checkpoint loads" in done.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_example_stops_after_two_steps_with_a_checkpoint_round_trip(tmp_path):
     done = run_npudist(["launch", "--dry-run", "--run-dir", str(tmp_path), "examples/train_ddp.py", "--steps",

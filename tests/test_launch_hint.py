@@ -31,6 +31,7 @@ def test_no_hint_on_cuda_for_ported_code_or_what_cannot_be_read(tmp_path):
     assert cuda_hint(str(tmp_path / "missing.py"), "npu") is None and cuda_hint(None, "npu") is None
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_a_cuda_script_under_the_simulated_npu_fails_with_the_pointer(tmp_path):
     script = tmp_path / "train.py"

@@ -63,6 +63,7 @@ def _under(name: str, *packages: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
+@pytest.mark.subprocess
 def test_import_npudist_loads_neither_torch_nor_telemetry_nor_dashboards():
     code = ("import json, sys, npudist; import npudist.comm, npudist.lifecycle; "
             "print(json.dumps(sorted(sys.modules)))")

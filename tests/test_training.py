@@ -52,6 +52,7 @@ print("RESULT " + json.dumps({"hooked": hooked, "step": step, "late": late, "los
 '''
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_a_loop_without_an_optimizer_and_what_shutdown_leaves(tmp_path):
     script = tmp_path / "loop.py"

@@ -93,6 +93,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 def test_fake_torch_npu_is_detected_first_and_device_set_before_group():
     done = run_py(["-c", _PROBE], env=child_env(pythonpath=[FAKES / "vendors"]))
     assert done.returncode == 0, done.stderr
@@ -107,6 +108,7 @@ def test_fake_torch_npu_is_detected_first_and_device_set_before_group():
     assert events.index(("set_device", 0)) < events.index(("hccl_group_created", 0))
 
 
+@pytest.mark.subprocess
 def test_fake_npu_unavailable_falls_back_to_cpu():
     env = child_env({"FAKE_NPU_UNAVAILABLE": "1"}, pythonpath=[FAKES / "vendors"])
     done = run_py(["-c", "import npudist; print(npudist.accelerator().name); "
@@ -116,6 +118,7 @@ def test_fake_npu_unavailable_falls_back_to_cpu():
     assert name == "cpu" and "is_available() is False" in reason
 
 
+@pytest.mark.subprocess
 def test_broken_torch_npu_never_breaks_import_and_forcing_reports_the_import_error():
     env = child_env(pythonpath=[FAKES / "vendors_broken"])
     done = run_py(["-c", "import npudist; print(npudist.accelerator().name)"], env=env)

@@ -137,6 +137,7 @@ def test_a_broken_stats_source_is_counted_not_raised():
     assert health.errors("checkpoint") == {"error": 1}
 
 
+@pytest.mark.subprocess
 def test_a_normal_exit_without_shutdown_waits_for_the_last_write(tmp_path):
     from tests.conftest import child_env, run_py
 

@@ -30,6 +30,7 @@ def test_a_live_holder_refuses_a_second_claim_naming_host_pid_and_start(tmp_path
     second.release()
 
 
+@pytest.mark.subprocess
 def test_the_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, caplog):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from npudist.checkpoint import RunDirLock; "
                                "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(300)",

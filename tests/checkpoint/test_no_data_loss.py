@@ -118,6 +118,7 @@ def test_without_rename_exchange_a_replace_that_dies_midway_is_put_back(tmp_path
     assert _w(tmp_path) == (6, [7.0, 7.0]) and not list(tmp_path.glob(".*"))
 
 
+@pytest.mark.subprocess
 def test_a_write_killed_in_the_background_leaves_no_debris_after_the_next_save(tmp_path):
     script = ("import sys, torch; from npudist import checkpoint; "
               "checkpoint.save({'w': torch.ones(1 << 16)}, sys.argv[1], 1, async_save=True); "
@@ -168,6 +169,7 @@ def _assert_failed_cleanly(ranks, run_dir, errno_name, what):
     assert [r["after"] for r in ranks] == ["no error"] * 2 and [r["checkpoints"] for r in ranks] == [[4]] * 2
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_a_real_file_size_limit_is_one_checkpoint_error_on_every_rank_and_the_job_goes_on(tmp_path):
     """torch.save meets a real EFBIG (RLIMIT_FSIZE) and reports it as RuntimeError('unexpected pos')."""
@@ -190,6 +192,7 @@ def _mount_small_tmpfs(where) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_a_really_full_filesystem_is_one_checkpoint_error_on_every_rank_and_the_job_goes_on(tmp_path):
     mnt = tmp_path / "small"

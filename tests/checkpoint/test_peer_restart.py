@@ -14,6 +14,8 @@ import pytest
 from npudist.runtime import compat
 from tests.conftest import REPO, child_env
 
+pytestmark = pytest.mark.e2e
+
 FINAL = re.compile(r"^final step=(\d+) loss=([\d.]+) params_sha256=([0-9a-f]{64})$", re.MULTILINE)
 FAULT = re.compile(r"^FAULT sigkill rank=1 step=(\d+) ", re.MULTILINE)
 SOURCE = re.compile(r"^resume: source=(\S+) step=(\d+) ", re.MULTILINE)

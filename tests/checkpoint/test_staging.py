@@ -93,6 +93,7 @@ sys.stdout.write("RESULT " + json.dumps(out) + "\n")
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
 def test_simulated_npu_state_is_staged_as_of_each_save(tmp_path):
     script = tmp_path / "stage_sim.py"

@@ -142,6 +142,7 @@ def test_a_file_that_is_not_a_checkpoint_never_runs_code(tmp_path, caplog):
     assert "did not load" in caplog.text
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.skipif(not compat.has("dcp_async_save"), reason="DCP async_save arrived in torch 2.3")
 def test_sharded_save_and_load_on_two_ranks_sync_and_async(tmp_path):

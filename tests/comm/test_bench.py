@@ -42,6 +42,7 @@ def test_summary_turns_medians_into_the_table_columns():
     assert row["raw_time_us"] == pytest.approx(1600) and row["time_ratio"] == pytest.approx(1.25)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.skipif(not compat.has("gloo_reduce_scatter"), reason="the baseline calls gloo reduce_scatter_tensor "
                     "(absent on torch 2.1.2)")
@@ -61,11 +62,13 @@ def test_strict_bf16_odd_sizes_are_right_beside_a_baseline():
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 0.5)
 
 
+@pytest.mark.subprocess
 def test_bad_options_are_named():
     proc = run_npudist(["bench", "collective", "--op", "all_to_all"], timeout=60)
     assert proc.returncode == 2 and "--op 'all_to_all'" in proc.stderr
 
 
+@pytest.mark.subprocess
 def test_a_silent_hung_rank_is_stopped_at_the_deadline(tmp_path):
     """No progress line ever comes: the deadline must still fire, and the rank's group is stopped."""
     pid_file = tmp_path / "pid"
@@ -80,6 +83,7 @@ def test_a_silent_hung_rank_is_stopped_at_the_deadline(tmp_path):
                           timeout=10).stdout.strip() in ("", "Z")
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_off_a_terminal_rows_stream_and_end_with_the_average_bus_bandwidth():
     proc = run_npudist(["bench", "collective", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "4K",

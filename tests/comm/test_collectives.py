@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import run_npudist
 
+pytestmark = pytest.mark.ranks
+
 HERE = Path(__file__).parent
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 INTS = ("int16", "int32", "int64", "uint8", "bool")

@@ -46,6 +46,7 @@ def _ok(record: dict, step: str) -> object:
     return record[step]["ok"]
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_lock_outcome_reaches_every_rank_on_a_device_only_backend(ranks, rank):
@@ -55,6 +56,7 @@ def test_the_lock_outcome_reaches_every_rank_on_a_device_only_backend(ranks, ran
     assert _ok(rec, "lock") is (rank == 0)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_checkpoint_save_agrees_on_failures_over_the_groups_device(ranks, rank):
@@ -66,6 +68,7 @@ def test_checkpoint_save_agrees_on_failures_over_the_groups_device(ranks, rank):
         assert (saved, saved_async) == ("None", "None")
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_door_sends_control_tensors_on_the_groups_device(ranks, rank):
@@ -78,6 +81,7 @@ def test_the_door_sends_control_tensors_on_the_groups_device(ranks, rank):
     assert rec["initialized_after"] is False
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_ensemble_sends_its_host_tensors_on_the_groups_device(ranks, rank):

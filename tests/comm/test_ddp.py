@@ -62,6 +62,7 @@ def three(tmp_path_factory) -> dict:
     return {"ranks": _results(out, 3, proc), "proc": proc, "elapsed": elapsed, "out": out, "left": left}
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_fp32_default_profile_is_bitwise_plain_ddp_with_every_option(two):
     for rank in (0, 1):
@@ -73,6 +74,7 @@ def test_fp32_default_profile_is_bitwise_plain_ddp_with_every_option(two):
             assert case["buckets"] >= 4, (rank, name)  # 4 steps, at least one bucket each went through npudist
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_fp32_is_bitwise_plain_ddp_in_a_world_of_three(three):
     # Power-of-two worlds scale after the sum, others before it (DDP's order): both must keep DDP's bits.
@@ -83,6 +85,7 @@ def test_fp32_is_bitwise_plain_ddp_in_a_world_of_three(three):
             assert case["buckets"] >= 4, (rank, name)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_every_bucket_is_counted_by_comm(two):
     for rank in (0, 1):
@@ -98,6 +101,7 @@ def test_every_bucket_is_counted_by_comm(two):
         assert 0 < a["blocked_seconds"] <= a["wait_seconds"]
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.skipif(not compat.has("gloo_bf16"), reason="the reference, plain DDP of a bf16 model, needs gloo "
                     "bfloat16 (torch >= 2.5)")
@@ -113,6 +117,7 @@ def test_strict_bf16_trains_and_matches_an_fp32_reduction(world, two, three):
         assert s["reference_reductions"] > 8  # 8 steps, several buckets each
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.skipif(not compat.has("ddp_init_sync"), reason="DDP(init_sync=) arrived in torch 2.7; before it "
                     "DDP copies rank 0's weights itself")
@@ -126,6 +131,7 @@ def test_start_up_copy_of_rank0_weights_goes_through_npudist(world, two, three):
         assert r["adapted"] >= 4  # bf16 is not in hccl-strict's copy row: each copy was adapted
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_options_a_hook_cannot_serve_are_refused_by_name(two):
     errors = two[0]["refusals"]
@@ -134,6 +140,7 @@ def test_options_a_hook_cannot_serve_are_refused_by_name(two):
     assert errors["sparse"].startswith("ValueError: npudist.ddp: module '0' (Embedding) has sparse=True")
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_a_users_hook_replaces_npudists_with_one_warning(two):
     r = two[0]["replaced"]
@@ -142,6 +149,7 @@ def test_a_users_hook_replaces_npudists_with_one_warning(two):
     assert r["differ"] == []
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_a_rank_stalled_before_backward_is_named_and_nothing_is_left(three):
     proc = three["proc"]

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import child_env, run_npudist
 
+pytestmark = pytest.mark.ranks
+
 SCRIPT = str(Path(__file__).parent / "rank_errors.py")
 
 

@@ -33,6 +33,7 @@ def test_the_identity_is_the_boot_id_and_the_pid_namespace(tmp_path):
     assert process_table.identity(str(tmp_path)) is None  # unknown: nothing is ever looked up
 
 
+@pytest.mark.subprocess
 def test_only_ranks_of_this_process_table_are_looked_up():
     here = process_table.identity()
     assert here is not None
@@ -49,6 +50,7 @@ def test_only_ranks_of_this_process_table_are_looked_up():
         child.wait()
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="needs root and unshare(1) for a pid namespace (CI runs as root)")
 def test_a_rank_in_another_pid_namespace_with_the_same_host_name_is_never_called_gone():

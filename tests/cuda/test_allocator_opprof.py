@@ -152,6 +152,7 @@ sys.stdout.write("RESULT " + json.dumps({"allocated": holed.allocated_bytes, "re
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
 def test_fragmentation_path_on_the_simulated_npu(tmp_path) -> None:
     """The fragmentation test's reading and export through a device module's memory_allocated/reserved, on

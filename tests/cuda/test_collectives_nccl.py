@@ -16,6 +16,8 @@ from npudist.comm.constraints import PROFILES
 from npudist.runtime import compat
 from tests.conftest import child_env, run_py
 
+pytestmark = pytest.mark.subprocess
+
 # (accelerator, backend, environment of the child)
 DEVICES = [
     pytest.param(("cuda", "nccl", {}), marks=pytest.mark.cuda, id="cuda"),

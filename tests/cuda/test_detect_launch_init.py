@@ -103,6 +103,7 @@ def _check_rank(r: dict, world: int, device: tuple) -> None:
     assert r["sum_min"] == r["sum_max"] == want, r
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("device", DEVICES)
 def test_detection_picks_the_device_and_its_backend(device) -> None:
@@ -114,6 +115,7 @@ def test_detection_picks_the_device_and_its_backend(device) -> None:
                    "count": _count(accelerator), "reason": None}
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("device", DEVICES)
 def test_init_sets_the_device_before_the_group(tmp_path: Path, device) -> None:
@@ -127,6 +129,7 @@ def test_init_sets_the_device_before_the_group(tmp_path: Path, device) -> None:
     _check_rank(record, 1, device)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("device", DEVICES)
 def test_launch_auto_starts_one_rank_per_device(tmp_path: Path, device) -> None:

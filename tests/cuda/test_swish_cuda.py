@@ -63,6 +63,7 @@ for dtype in TOLERANCE:
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
 @pytest.mark.timeout(240)
 def test_matches_silu_on_the_simulated_npu() -> None:

@@ -134,6 +134,7 @@ DDP_RANK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("device", DEVICES)
 def test_ddp_through_npudist_matches_one_process(tmp_path: Path, device) -> None:

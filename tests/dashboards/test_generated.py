@@ -46,6 +46,7 @@ def test_every_dashboard_has_the_variables_and_units():
     assert {"watt", "bytes", "celsius", "percentunit", "s", "Bps"} <= units
 
 
+@pytest.mark.subprocess
 def test_check_passes_the_export_and_names_a_broken_one(tmp_path):
     export(tmp_path)
     assert check_dir(tmp_path).problems == []
@@ -58,6 +59,7 @@ def test_check_passes_the_export_and_names_a_broken_one(tmp_path):
     assert "npudist_device_util_percent" in problems and "'mW'" in problems
 
 
+@pytest.mark.subprocess
 def test_cli_export_then_check(tmp_path):
     res = run_npudist(["dashboards", "export", "--out", str(tmp_path)], timeout=60)
     assert res.returncode == 0, res.stderr
@@ -86,6 +88,7 @@ def test_every_alert_has_a_runbook_section_and_a_severity():
     assert {a.severity for a in ALERTS} == {"P1", "P2", "P3"}
 
 
+@pytest.mark.subprocess
 def test_alerts_carry_kube_prometheus_severity_and_an_absolute_runbook_url(tmp_path):
     import yaml
 
@@ -182,6 +185,7 @@ def test_loss_throughput_and_checkpoint_panels_and_failure_alert():
     assert "npudist_checkpoint_failures_total" in failed.expr
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("url", ["https://wiki.example/{{ $labels.job }}/runbook", "https://wiki.example/run book",
                                  "https://wiki.example/a|b"])
 def test_a_runbook_url_prometheus_would_template_is_refused(tmp_path, url):
@@ -195,6 +199,7 @@ def test_a_runbook_url_prometheus_would_template_is_refused(tmp_path, url):
         rules_document(runbook_url=url)
 
 
+@pytest.mark.subprocess
 def test_check_names_a_templated_runbook_url_in_a_hand_edited_export(tmp_path):
     import yaml
 

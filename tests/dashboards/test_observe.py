@@ -16,6 +16,8 @@ from npudist.dashboards.observe import ObserveError, wait_ready
 from tests.conftest import child_env, run_npudist
 from tests.dashboards.prom import PROMETHEUS, free_port
 
+pytestmark = pytest.mark.subprocess
+
 PROBE = """
 import json, sys, time, urllib.parse, urllib.request
 url = sys.argv[1]

@@ -99,6 +99,7 @@ def _ready(port: int, timeout: float = 60) -> None:
     raise AssertionError("Prometheus never became ready")
 
 
+@pytest.mark.subprocess
 @needs_prometheus
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
@@ -135,6 +136,7 @@ def _training(targets: Path) -> bool:
     return True
 
 
+@pytest.mark.e2e
 @needs_prometheus
 @pytest.mark.slow
 def test_ctrl_c_reaches_the_job_once_and_it_stops_cleanly_before_prometheus(tmp_path):

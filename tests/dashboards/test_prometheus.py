@@ -16,7 +16,7 @@ from npudist.dashboards.rules import to_yaml
 from tests.conftest import FAKES, REPO, child_env, fakes_path
 from tests.dashboards.prom import PROMETHEUS, Prometheus, free_pair, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="Debian prometheus not installed")]
 RANK_JOB = Path(__file__).with_name("rank_job.py")
 

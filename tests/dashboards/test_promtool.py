@@ -10,7 +10,8 @@ from npudist.dashboards.rules import to_yaml
 from tests.conftest import REPO
 
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) not installed")
+pytestmark = [pytest.mark.subprocess,
+              pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) not installed")]
 SCENARIOS = sorted((REPO / "tests" / "promtool").glob("*.yml"))
 
 

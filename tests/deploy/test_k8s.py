@@ -96,6 +96,7 @@ def test_the_validators_reject_a_misspelt_field():
         validate_crd(rule)
 
 
+@pytest.mark.subprocess
 def test_prometheusrule_holds_the_exported_rules_and_passes_promtool(tmp_path):
     rule = _kind(_objects(_k8s()), "PrometheusRule")
     assert rule["spec"] == rules_document()
@@ -203,6 +204,7 @@ def test_a_one_node_job_has_only_the_master():
     assert [t["name"] for t in vc["spec"]["tasks"]] == ["master"] and vc["spec"]["minAvailable"] == 1
 
 
+@pytest.mark.subprocess
 def test_kustomize_builds_the_folder(tmp_path):
     kubectl = shutil.which("kubectl")
     if kubectl is None:

@@ -96,6 +96,7 @@ def _sbatch(tmp_path, steps: int, shared) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=240, check=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_resubmitted_slurm_job_resumes_from_the_shared_run_directory(tmp_path):
     shared = tmp_path / "shared"

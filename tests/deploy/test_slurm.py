@@ -26,6 +26,7 @@ def _directives(script: str) -> dict[str, str]:
     return dict(m.groups() for m in re.finditer(r"^#SBATCH --([a-z-]+)=(.*)$", script, re.M))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("accelerator", list(PLACEMENTS))
 def test_sbatch_parses_and_asks_for_the_layout(accelerator, tmp_path):
     script = files(SlurmOptions(accelerator=accelerator, nodes=4, nproc_per_node=8, time_limit="1:00:00"))[SBATCH]
@@ -39,11 +40,13 @@ def test_sbatch_parses_and_asks_for_the_layout(accelerator, tmp_path):
     assert d.get("gres") == (f"{gres}:8" if gres else None)
 
 
+@pytest.mark.e2e
 def test_sbatch_trains_two_cpu_ranks_under_a_fake_srun(tmp_path):
     """srun starts 2 tasks; each runs `npudist launch --mpi`, which maps the Slurm variables to torch's."""
     _train_under_fake_srun(tmp_path)
 
 
+@pytest.mark.subprocess
 def test_fake_srun_runs_under_the_tests_python_whatever_the_machines_path_holds(tmp_path, monkeypatch):
     """A `python3` and an `npudist` early on the inherited PATH (a pyenv shim, an earlier `make demo`) must
     stand in neither for the interpreter of the `#!/usr/bin/env python3` fakes nor for the recording shim."""
@@ -91,6 +94,7 @@ def _train_under_fake_srun(tmp_path):
     assert sorted(p.name for p in sd.iterdir()) == ["npudist-job-77-node9.json"]
 
 
+@pytest.mark.subprocess
 def test_prometheus_config_passes_promtool_and_names_one_job_per_slurm_job(tmp_path):
     opts = SlurmOptions(hosts=("gpu01", "gpu02"), sd_dir=str(tmp_path / "sd"))
     write_files(tmp_path, files(opts))
@@ -111,6 +115,7 @@ def test_prometheus_config_passes_promtool_and_names_one_job_per_slurm_job(tmp_p
         pytest.skip("promtool (Debian prometheus) not installed; .ci/run installs it")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("accelerator", ["npu", "cpu"])
 def test_systemd_unit_verifies_and_runs_as_root_only_for_npu_smi(accelerator, tmp_path):
     exe = tmp_path / "npudist"
@@ -145,6 +150,7 @@ def test_paths_written_into_the_script_cannot_run_code(flag, value):
         SlurmOptions(**{flag: value})
 
 
+@pytest.mark.subprocess
 def test_the_sd_dir_reaches_the_ranks_verbatim(tmp_path):
     sd = "/shared/prom_sd/team-a,b=c@d%e+f.g"
     script = files(SlurmOptions(sd_dir=sd))[SBATCH]

@@ -51,6 +51,7 @@ def test_visible_devices_in_a_container_name_the_physical_ids(tmp_path):
     assert got.status == OK and "physical device(s) 5,6 of 4" in got.finding
 
 
+@pytest.mark.subprocess
 def test_visible_devices_count_chips_from_npu_smi_without_dev_files(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fakes_path())  # info-m-mapping.txt: two chips with logical IDs 0 and 1
     got = ah.visible_devices(Host(env={"PATH": fakes_path(), "ASCEND_RT_VISIBLE_DEVICES": "2"}, root=tmp_path))
@@ -70,6 +71,7 @@ def _holders(root, **env):
         os.environ.update(old)
 
 
+@pytest.mark.subprocess
 def test_a_device_held_by_a_process_that_is_gone_is_named_with_the_reset(tmp_path):
     # 910b2c-23.0.2.1-with-processes.txt: NPU 0 chip 0 held by pid 124528 (python3.8, 17400 MB)
     got = _holders(_root(tmp_path))
@@ -78,11 +80,13 @@ def test_a_device_held_by_a_process_that_is_gone_is_named_with_the_reset(tmp_pat
     assert got.fix.endswith("npu-smi set -t reset -i 0 -c 0")
 
 
+@pytest.mark.subprocess
 def test_a_running_holder_is_not_a_failure(tmp_path):
     got = _holders(_root(tmp_path, pids=[124528]))
     assert got.status == OK and "1 process(es) hold devices, all running" in got.finding
 
 
+@pytest.mark.subprocess
 def test_in_a_container_an_invisible_holder_only_warns(tmp_path):
     root = _root(tmp_path)
     (root / ".dockerenv").touch()
@@ -90,6 +94,7 @@ def test_in_a_container_an_invisible_holder_only_warns(tmp_path):
     assert got.status == WARN and "not visible in this container" in got.finding
 
 
+@pytest.mark.subprocess
 def test_no_holder_and_an_unusable_npu_smi(tmp_path):
     from tests.conftest import FAKES
 

@@ -35,6 +35,7 @@ def _ips(folder: Path, plan: dict[int, tuple[str, str]]) -> None:
         (folder / f"hccn_tool-ip-dev{nic}.txt").write_text(f"ipaddr:{address}\nnetmask:{mask}\n")
 
 
+@pytest.mark.subprocess
 def test_healthy_nics_in_one_subnet_per_nic(env, tmp_path):
     # info-m-mapping.txt: NPU 3 chip 0 is logical (NIC) 0, NPU 4 chip 0 is NIC 1
     _ips(tmp_path / "answers", {0: ("192.168.100.101", "255.255.255.0"), 1: ("192.168.101.101", "255.255.255.0")})
@@ -43,6 +44,7 @@ def test_healthy_nics_in_one_subnet_per_nic(env, tmp_path):
     assert got["ascend-nic-ips"].status == OK and "one subnet per NIC" in got["ascend-nic-ips"].finding
 
 
+@pytest.mark.subprocess
 def test_a_down_nic_is_named(env, tmp_path):
     _ips(tmp_path / "answers", {0: ("10.0.0.10", "255.255.255.0"), 1: ("10.0.0.11", "255.255.255.0")})
     got = _run(env, NPUDIST_FAKE_HCCN_DOWN="1")
@@ -52,6 +54,7 @@ def test_a_down_nic_is_named(env, tmp_path):
     assert "hccn_tool -i N -optical -g" in nics.fix
 
 
+@pytest.mark.subprocess
 def test_unhealthy_net_health_is_named(env, tmp_path):
     answers = tmp_path / "answers"
     _ips(answers, {0: ("10.0.0.10", "255.255.255.0"), 1: ("10.0.0.11", "255.255.255.0")})
@@ -60,6 +63,7 @@ def test_unhealthy_net_health_is_named(env, tmp_path):
     assert _run(env)["ascend-nics"].finding == "NIC 0 (NPU 3 chip 0, 10.0.0.10): net health socket_fail"
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("plan, named", [
     ({0: ("10.0.0.10", "255.255.255.0"), 1: ("10.0.0.11", "255.255.0.0")}, "netmask 255.255.0.0"),
     ({0: ("10.0.0.10", "255.255.255.0"), 1: ("10.0.0.10", "255.255.255.0")}, "shares its address"),
@@ -86,6 +90,7 @@ def test_a_mixed_plan_names_the_odd_nic():
     assert _subnet_plan({}, ["NIC 0 (NPU 0 chip 0): `hccn_tool -i 0 -ip -g` unusable"]).status == FAIL
 
 
+@pytest.mark.subprocess
 def test_failing_tool_is_a_finding_and_no_tool_skips(env):
     got = _run(env, NPUDIST_FAKE_HCCN_MODE="fail")
     assert got["ascend-nics"].status == FAIL and "`hccn_tool -i 0 -link -g` unusable" in got["ascend-nics"].finding

@@ -69,6 +69,7 @@ def test_open_files_at_the_hard_limit_names_the_hard_limit_not_a_useless_ulimit(
     assert "hard limit is 20000" in stuck.fix and "limits.conf" in stuck.fix and "--ulimit nofile=" in stuck.fix
 
 
+@pytest.mark.subprocess
 def test_doctor_in_a_pipe_prints_compact_lines_and_a_summary():
     res = run_npudist(["doctor"], timeout=180)
     lines = res.stdout.splitlines()
@@ -170,6 +171,7 @@ def test_toolkit_version_formats():
     assert ascend.parse_toolkit_version("nothing here") is None
 
 
+@pytest.mark.subprocess
 def test_vendor_tools_and_processes_from_a_fake_nvidia_smi(tmp_path):
     # The query format nvidia-smi documents for --query-compute-apps with csv,noheader.
     _script(tmp_path / "bin", "nvidia-smi", "print('4242, python3\\n777, /usr/bin/vllm')")
@@ -181,6 +183,7 @@ def test_vendor_tools_and_processes_from_a_fake_nvidia_smi(tmp_path):
     assert procs.status == WARN and "4242 (python3)" in procs.finding and "777 (/usr/bin/vllm)" in procs.finding
 
 
+@pytest.mark.subprocess
 def test_a_vendor_tool_that_fails_is_a_warning_not_a_crash(tmp_path):
     _script(tmp_path / "bin", "nvidia-smi", "import sys; print('NVIDIA-SMI has failed', file=sys.stderr); sys.exit(9)")
     procs = _by_name(processes.device_processes(_host(env={"PATH": str(tmp_path / "bin")})))["processes:nvidia-smi"]
@@ -208,6 +211,7 @@ ISSUE_CHECKS = {"settings", "python", "torch",
                 "comm-constraints", "flight-recorder:nccl", "flight-recorder:hccl"}
 
 
+@pytest.mark.subprocess
 def test_doctor_json_document_names_every_check():
     done = run_npudist(["doctor", "--json"])
     doc = json.loads(done.stdout)
@@ -221,6 +225,7 @@ def test_doctor_json_document_names_every_check():
     assert done.returncode == doc["exit_code"] == (1 if doc["summary"]["fail"] else 0)
 
 
+@pytest.mark.subprocess
 def test_doctor_fails_on_a_broken_torch_npu():
     env = child_env(pythonpath=[FAKES / "vendors_broken"])
     done = run_npudist(["doctor", "--json"], env=env)
@@ -230,6 +235,7 @@ def test_doctor_fails_on_a_broken_torch_npu():
     assert done.returncode == 1
 
 
+@pytest.mark.subprocess
 def test_doctor_flags_torch_npu_built_for_another_torch():
     env = child_env({"PATH": os.environ.get("PATH", "")}, pythonpath=[FAKES / "vendors"])
     doc = json.loads(run_npudist(["doctor", "--json"], env=env).stdout)
@@ -252,6 +258,7 @@ def _fake_npu_smi_host(recording: str, **env) -> Host:
                       **env})
 
 
+@pytest.mark.subprocess
 def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch, fakes_first):
     # The fake npu-smi reads its mode from the process environment it inherits.
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/910b2c-23.0.2.1-with-processes.txt"))
@@ -260,18 +267,21 @@ def test_processes_holding_npus_are_named_from_the_npu_smi_table(monkeypatch, fa
     assert "124528 (python3.8)" in got["processes:npu-smi"].finding  # row "| 0  0 | 124528 | python3.8 |"
 
 
+@pytest.mark.subprocess
 def test_no_process_on_the_npus_is_ok(monkeypatch, fakes_first):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(FAKES / "npu-smi/310-23.0.0-no-processes.txt"))
     got = _by_name(processes.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == OK
 
 
+@pytest.mark.subprocess
 def test_npu_smi_printing_garbage_is_a_warning(monkeypatch, fakes_first):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MODE", "garbage")
     got = _by_name(processes.device_processes(_fake_npu_smi_host("310-23.0.0-no-processes.txt")))
     assert got["processes:npu-smi"].status == WARN and "could not read npu-smi" in got["processes:npu-smi"].finding
 
 
+@pytest.mark.subprocess
 def test_flight_recorder_on_an_npu_host_without_tracing_warns_with_the_variables():
     env = child_env(pythonpath=[FAKES / "vendors"])
     by = {c["name"]: c for c in json.loads(run_npudist(["doctor", "--json"], env=env).stdout)["checks"]}
@@ -295,6 +305,7 @@ def test_comm_constraints_show_the_active_profile():
     assert bad.status == FAIL and "hccl-strict" in bad.fix
 
 
+@pytest.mark.subprocess
 def test_a_malformed_npudist_variable_is_named_once_not_reported_as_a_bug():
     done = run_npudist(["doctor", "--json"], env=child_env({"NPUDIST_TIMEOUT": "soon"}))
     by = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
@@ -303,6 +314,7 @@ def test_a_malformed_npudist_variable_is_named_once_not_reported_as_a_bug():
     assert done.returncode == 1
 
 
+@pytest.mark.subprocess
 def test_environment_block_recreates_the_job_variables_in_a_shell():
     """The block is for pasting: run through bash it must give back every value exactly, quotes and spaces
     included, and list nothing npudist does not read."""
@@ -323,6 +335,7 @@ def test_environment_block_recreates_the_job_variables_in_a_shell():
     assert environment_block({"HOME": "/root"})[1].startswith("# (none")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name", ["NPUDIST_$(touch {p})", "NCCL_`touch {p}`", "HCCL_X\ntouch {p}",
                                   "NPUDIST_A;touch {p}"])
 def test_a_variable_name_that_is_not_a_shell_name_is_counted_not_printed(tmp_path, name):
@@ -340,6 +353,7 @@ def test_a_variable_name_that_is_not_a_shell_name_is_counted_not_printed(tmp_pat
     assert not witness.exists()
 
 
+@pytest.mark.subprocess
 def test_doctor_in_a_pipe_ends_with_the_environment_block():
     r = run_npudist(["doctor", "--compact"], env=child_env({"NPUDIST_TIMEOUT": "45", "HCCL_EXEC_TIMEOUT": "900"}))
     lines = r.stdout.splitlines()

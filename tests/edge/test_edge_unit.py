@@ -35,6 +35,7 @@ def test_toolkit_message_is_the_last_error_and_the_op_is_named() -> None:
     assert name_op("Unsupport onnx opset 20, need <= 19!", nodes) is None
 
 
+@pytest.mark.subprocess
 def test_the_cli_says_how_to_make_the_toolkit_env(tmp_path: Path) -> None:
     onnx_file = tmp_path / "m.onnx"
     onnx_file.write_bytes(b"")

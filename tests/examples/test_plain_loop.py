@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO, child_env, free_port, run_npudist
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 LINE = re.compile(r"^step=(\d+) samples/s=[\d.]+ done=(\d+)/(\d+) elapsed=(\S+) eta=(\S+) world=2 "
                   r"accelerator=cpu backend=gloo$", re.M)
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_npudist
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 SMALL = ["--d-model", "16", "--layers", "1", "--seq-len", "8", "--global-batch-size", "8"]
 SKEW_LINE = re.compile(r"^(?!summary: ).*\b(skew|straggler)", re.IGNORECASE | re.MULTILINE)
 """A console line about skew or a straggler other than the summary's, whatever its wording."""

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import child_env, run_npudist
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 LIMIT_S = 240  # the job must end well inside the 600 s collective timeout
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, child_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 # The durations: a 40 s evaluation on rank 0, a minute of start-up work on one rank, a front idle for
 # two minutes; the checkpoint and the slow batch only need to pass the 10 s floor with margin.
 PATTERNS = {"eval-ddp": 40, "eval-barrier": 40, "start": 60, "checkpoint": 20, "loader": 20}

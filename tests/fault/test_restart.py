@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_npudist
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 FINAL = re.compile(r"^final step=(\d+) loss=([\d.]+) params_sha256=([0-9a-f]{64})$", re.MULTILINE)
 STEP = re.compile(r"^step=(\d+) ", re.MULTILINE)
 RESUMED = re.compile(r"^resumed from step=(\d+)", re.MULTILINE)

@@ -10,6 +10,8 @@ import torch
 
 from tests.conftest import REPO, run_npudist
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.slow
 def test_four_rank_ensemble_is_the_mean_of_its_members(tmp_path: Path) -> None:

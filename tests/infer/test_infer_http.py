@@ -110,6 +110,7 @@ def _stats(base: str) -> dict:
         return json.loads(resp.read())
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None:
     proc, port_file, base = _start(tmp_path)
@@ -153,6 +154,7 @@ def test_two_rank_service_answers_and_survives_bad_input(tmp_path: Path) -> None
             proc.communicate(timeout=30)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_fanout_front_answers_without_a_frozen_member_and_takes_it_back(tmp_path: Path) -> None:
     proc, _, base = _start(tmp_path, "127.0.0.1")

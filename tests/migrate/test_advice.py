@@ -102,6 +102,7 @@ def test_severity_is_what_the_calls_do_on_this_torch(rule: str) -> None:
             dist.destroy_process_group()
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_every_use_instead_runs(simulate: str | None) -> None:

@@ -25,6 +25,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.subprocess
 def test_line_format_is_one_line_per_finding_and_explains_each_rule_once(script: Path) -> None:
     r = run_npudist(["migrate", "check", "--fail-on", "never", str(script)])
     lines = r.stdout.splitlines()
@@ -35,6 +36,7 @@ def test_line_format_is_one_line_per_finding_and_explains_each_rule_once(script:
     assert lines[-1].startswith("3 finding(s): 2 error, 1 warning")
 
 
+@pytest.mark.subprocess
 def test_csv_and_json_carry_the_same_findings(script: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(run_npudist(["migrate", "check", "--format", "csv", str(script)]).stdout)))
     doc = json.loads(run_npudist(["migrate", "check", "--format", "json", str(script)]).stdout)
@@ -44,6 +46,7 @@ def test_csv_and_json_carry_the_same_findings(script: Path) -> None:
     assert bad.returncode == 2 and "--format 'xml'" in bad.stderr
 
 
+@pytest.mark.subprocess
 def test_transfer_to_npu_is_recognised(tmp_path: Path) -> None:
     path = tmp_path / "t.py"
     path.write_text("import torch\nimport torch_npu\nfrom torch_npu.contrib import transfer_to_npu\nm = model.cuda()\n")
@@ -52,6 +55,7 @@ def test_transfer_to_npu_is_recognised(tmp_path: Path) -> None:
     assert "runs on Ascend by patching" in run_npudist(["migrate", "check", str(path)]).stderr
 
 
+@pytest.mark.subprocess
 def test_out_writes_a_converted_copy_and_a_change_list_leaving_the_source(tmp_path: Path, script: Path) -> None:
     out = tmp_path / "ported"
     r = run_npudist(["migrate", "fix", "--out", str(out), str(tmp_path)])
@@ -76,6 +80,7 @@ def test_write_keeps_the_mode_and_never_follows_a_planted_link(tmp_path: Path, s
     assert sorted(p.name for p in tmp_path.iterdir() if not p.is_symlink()) == ["train.py", "victim.txt"]
 
 
+@pytest.mark.subprocess
 def test_fifos_installed_packages_and_deep_nesting_are_skipped_with_the_reason(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.py")
     venv = tmp_path / "env"  # a venv not named venv: found by its pyvenv.cfg
@@ -97,6 +102,7 @@ def test_fifos_installed_packages_and_deep_nesting_are_skipped_with_the_reason(t
     assert (venv / "lib" / "pkg.py").read_text() == "import torch\nx.cuda()\n"
 
 
+@pytest.mark.subprocess
 def test_three_thousand_nested_brackets_are_refused_not_crashed(tmp_path: Path) -> None:
     deep = tmp_path / "deep.py"
     deep.write_text("x = " + "(" * 3000 + "1" + ")" * 3000 + "\n")

@@ -78,6 +78,7 @@ def _fixed_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_fixed_ddp_tutorial_trains_on_two_cpu_ranks(tmp_path: Path) -> None:
     work = _fixed_copy(CORPUS / "pytorch_ddp_tutorial", tmp_path / "tutorial")
@@ -89,6 +90,7 @@ def test_fixed_ddp_tutorial_trains_on_two_cpu_ranks(tmp_path: Path) -> None:
     assert "Epoch 1 | Training snapshot saved" in out
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_fixed_nanogpt_trains_on_two_ranks_with_falling_loss(tmp_path: Path, simulate: str | None) -> None:
@@ -136,6 +138,7 @@ IMAGENET_ARGS = ["--dummy", "-a", "resnet18", "--epochs", "2", "-b", "16", "-j",
                  "--dist-url", "env://", "--dist-backend", "nccl"]
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_fixed_imagenet_trainer_trains_on_two_ranks(tmp_path: Path, simulate: str | None) -> None:
@@ -156,6 +159,7 @@ def test_fixed_imagenet_trainer_trains_on_two_ranks(tmp_path: Path, simulate: st
         assert "using CPU, this will be slow" in r.stdout  # the original's CPU branch, kept as it was
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_fixed_word_language_model_trains(tmp_path: Path, simulate: str | None) -> None:
@@ -177,6 +181,7 @@ def test_fixed_word_language_model_trains(tmp_path: Path, simulate: str | None) 
     assert "End of training" in r.stdout
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_fixed_fsdp2_example_trains_on_two_cpu_ranks(tmp_path: Path) -> None:
     """pytorch/examples distributed/FSDP2/example.py: its verify_min_gpu_count gate exited with status 0 on CPU

@@ -51,6 +51,7 @@ def test_leaves_what_needs_a_person_and_says_why() -> None:
     assert result.blocking == ()  # a warning: the script runs, reporting 0
 
 
+@pytest.mark.subprocess
 def test_fix_exits_non_zero_naming_the_lines_it_could_not_port(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import torch\nmajor, minor = torch.cuda.get_device_capability()\nx = torch.ones(1).cuda()\n")
@@ -72,6 +73,7 @@ def test_fix_is_a_no_op_on_its_own_output(script: Path) -> None:
     assert not apply(analyse(once)).applied
 
 
+@pytest.mark.subprocess
 def test_check_exit_codes_and_json(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text('import torch\ntorch.backends.cudnn.benchmark = True\n')  # a warning only
@@ -83,6 +85,7 @@ def test_check_exit_codes_and_json(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--fail-on" in bad.stderr
 
 
+@pytest.mark.subprocess
 def test_bad_files_are_reported_and_never_rewritten(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("import torch\nx = torch.zeros(2).cuda(\n")

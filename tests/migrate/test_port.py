@@ -221,6 +221,7 @@ def _run_fixed(tmp_path: Path, simulate: str | None) -> str:
     return r.stdout
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_fixed_idioms_train_as_one_world_of_two(tmp_path: Path, simulate: str | None) -> None:
@@ -237,6 +238,7 @@ def test_fixed_idioms_train_as_one_world_of_two(tmp_path: Path, simulate: str | 
 AMP_TIMING = REPO / "tests" / "migrate" / "corpus" / "idioms" / "amp_timing.py"
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_fixed_amp_events_and_allocator_stats_run_on_two_ranks(tmp_path: Path, simulate: str | None) -> None:
@@ -267,6 +269,7 @@ def test_fixed_amp_events_and_allocator_stats_run_on_two_ranks(tmp_path: Path, s
 FINETUNE = REPO / "tests" / "migrate" / "corpus" / "idioms" / "finetune.py"
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @pytest.mark.parametrize("simulate", [None, "npu"], ids=["cpu", "simulated-npu"])
 def test_fixed_fine_tune_reports_its_device_and_keeps_bf16_autocast(tmp_path: Path, simulate: str | None) -> None:

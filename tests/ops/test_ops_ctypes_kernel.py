@@ -46,6 +46,7 @@ def libswish(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return lib
 
 
+@pytest.mark.subprocess
 def test_aligned_kernel_gives_correct_results(libswish: Path) -> None:
     k = CtypesKernel(str(libswish), "swish_f32", n_scalars=1)
     x = aligned_empty((4,), torch.float32, "cpu", 128)
@@ -56,6 +57,7 @@ def test_aligned_kernel_gives_correct_results(libswish: Path) -> None:
     assert k.copies == 0
 
 
+@pytest.mark.subprocess
 def test_misaligned_input_is_copied_not_rejected(libswish: Path) -> None:
     k = CtypesKernel(str(libswish), "swish_f32", n_scalars=1)
     base = aligned_empty((5,), torch.float32, "cpu", 128)
@@ -79,6 +81,7 @@ def test_conform_keeps_a_good_tensor_and_copies_a_bad_one() -> None:
     assert copied and fixed.data_ptr() % 128 == 0 and fixed.is_contiguous()
 
 
+@pytest.mark.subprocess
 def test_missing_symbol_is_a_clear_error(libswish: Path) -> None:
     with pytest.raises(KernelError, match=r"exports no symbol 'swish_bf16'.*nm -D"):
         CtypesKernel(str(libswish), "swish_bf16", n_scalars=1)
@@ -96,6 +99,7 @@ def test_not_a_library_is_a_clear_error(tmp_path: Path) -> None:
         CtypesKernel(str(bogus), "swish_f32")
 
 
+@pytest.mark.subprocess
 def test_kernel_error_code_is_raised(libswish: Path) -> None:
     k = CtypesKernel(str(libswish), "always_fails", n_scalars=1)
     with pytest.raises(KernelError, match="returned error code 7"):
@@ -107,6 +111,7 @@ def test_bad_constraints_are_rejected() -> None:
         KernelConstraints(alignment=100)
 
 
+@pytest.mark.subprocess
 def test_operator_with_ctypes_kernel_falls_back_for_other_dtypes(libswish: Path) -> None:
     k = CtypesKernel(str(libswish), "swish_f32", n_scalars=1)
 
@@ -125,6 +130,7 @@ def test_operator_with_ctypes_kernel_falls_back_for_other_dtypes(libswish: Path)
     assert as64.tolist() == pytest.approx(EXPECTED, abs=1e-6)
 
 
+@pytest.mark.subprocess
 def test_swish_module_uses_a_registered_kernel(libswish: Path) -> None:
     # In a child process: registering a CPU kernel for npudist::swish is process-wide.
     script = textwrap.dedent(f"""

@@ -65,6 +65,7 @@ def test_activation_flag_rejects_unknown_names() -> None:
         _train_ddp_module().parse_args(["--activation", "swish"])
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_two_rank_swish_gradients_equal_single_process_and_silu(tmp_path: Path) -> None:
     script = tmp_path / "ddp_grads.py"

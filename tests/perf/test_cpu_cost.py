@@ -65,6 +65,7 @@ def test_periodic_steps_are_those_over_the_median(cpu_cost):
     assert r.periodic()[100] == 2_000_000 - round(r.typical)
 
 
+@pytest.mark.subprocess
 def test_every_variant_runs_and_npudist_ddp_keeps_ddps_buckets():
     proc = run_py([str(SCRIPT), "--dry-run", "--jobs", "2", "--only", "ddp,npudist_ddp,ddp_w2,npudist_ddp_w2"],
                   timeout=300)

@@ -63,6 +63,7 @@ def test_disabled_recorder_counts_nothing_and_count_follows_buckets():
     assert (s.calls, s.duration_count, s.duration_buckets[-1][1]) == (1, 1, 1)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_chunked_strict_all_reduce_and_recording_switch_on_two_ranks():
     proc = run_npudist(["launch", "--nproc-per-node", "2", str(HERE / "rank_pipeline.py")], timeout=120)

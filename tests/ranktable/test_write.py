@@ -86,6 +86,7 @@ def test_the_write_and_merge_commands_on_two_trees(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.subprocess
 def test_a_loopback_master_is_refused_with_the_fix(tmp_path):
     res = CliRunner().invoke(app, ["ranktable", "write", "-o", str(tmp_path / "t.json"), "--root",
                                    str(_tree(tmp_path / "h", 0)), "--master-addr", "127.0.0.1"])
@@ -93,6 +94,7 @@ def test_a_loopback_master_is_refused_with_the_fix(tmp_path):
     assert "loopback address other hosts cannot reach" in " ".join(res.output.split())
 
 
+@pytest.mark.subprocess
 def test_device_ips_come_from_hccn_tool_before_hccn_conf(tmp_path, monkeypatch):
     # The fake hccn_tool prints each device's own `-ip -g` answer: three recorded outputs and five written ones.
     answers = tmp_path / "answers"

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO, run_npudist
+from tests.conftest import run_npudist
 from tests.report.runs import write_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -16,6 +16,7 @@ _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no
           "--enable-logging=stderr", "--v=0"]
 
 
+@pytest.mark.subprocess
 def test_cli_names_a_missing_run_dir(tmp_path):
     proc = run_npudist(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "r.html")])
     message = " ".join(proc.stderr.split())  # rich wraps long lines
@@ -24,6 +25,7 @@ def test_cli_names_a_missing_run_dir(tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.subprocess
 def test_cli_writes_the_page_and_counts_skipped_lines(tmp_path):
     out = tmp_path / "out" / "report.html"
     proc = run_npudist(["report", str(write_run(tmp_path / "run", bad_lines=True)), "-o", str(out)])
@@ -35,6 +37,7 @@ def test_cli_writes_the_page_and_counts_skipped_lines(tmp_path):
     assert page.count("data-plot=") == 8 + 3 and page.count('class="single"') == 5  # work time: one window
 
 
+@pytest.mark.subprocess
 def test_a_run_dir_without_run_logs_still_gets_a_page_and_a_warning(tmp_path):
     (tmp_path / "run").mkdir()
     out = tmp_path / "report.html"
@@ -49,17 +52,17 @@ def _chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, timeout=90, check=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # two trainings, a benchmark and two browser runs on a shared machine
+@pytest.mark.timeout(600)  # a training, a resume, a benchmark and two browser runs on a shared machine
 @pytest.mark.skipif(CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)")
-def test_training_run_report_renders_in_chromium(tmp_path):
+def test_training_run_report_renders_in_chromium(tmp_path, golden_run):
     run_dir = tmp_path / "run"
-    train = [str(REPO / "examples" / "train_ddp.py"), "--run-dir", str(run_dir), "--log-every", "5",
-             "--checkpoint-every", "10"]
-    # 20 steps (one skew exchange), then a resumed run to 25 that appends to the same logs
-    for steps in ("20", "25"):
-        proc = run_npudist(["launch", "--nproc-per-node", "2", *train, "--steps", steps], timeout=180)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    # the shared 100-step run (one skew exchange), copied and resumed to 105: it appends to the same logs
+    shutil.copytree(golden_run.run_dir, run_dir)
+    proc = run_npudist(["launch", "--nproc-per-node", "2", *golden_run.args_for(run_dir), "--steps", "105"],
+                       timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_npudist(["bench", "collective", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "8K", "--blocks",
                         "1", "--iters", "2", "--out", str(run_dir / "bench" / "all_reduce.json")], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -69,7 +72,7 @@ def test_training_run_report_renders_in_chromium(tmp_path):
     page = html.read_text()
     assert "0 unusable record(s) skipped" in " ".join(proc.stderr.split())
     assert re.search(r"<td[^>]*>run segments \(starts incl\. resumes\)</td><td[^>]*>2</td>", page)
-    assert re.search(r"<td[^>]*>last logged step</td><td[^>]*>25</td>", page)
+    assert re.search(r"<td[^>]*>last logged step</td><td[^>]*>105</td>", page)
 
     dom = _chromium(["--dump-dom", html.as_uri()], tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -77,14 +80,14 @@ def test_training_run_report_renders_in_chromium(tmp_path):
     body = dom.stdout
     assert body.index('<dl class="card"') < body.index('<section id="summary"')
     card = dict(re.findall(r"<dt>([^<]+)</dt><dd>([^<]*)</dd>", body))
-    assert card["steps"] == "25" and re.fullmatch(r"\d+\.\d{4}", card["final loss"])
+    assert card["steps"] == "105" and re.fullmatch(r"\d+\.\d{4}", card["final loss"])
     assert float(card["best loss"]) <= float(card["final loss"])
     assert "train_ddp.py" in card["command"] and card["world"] == "2"
     assert card["versions"].startswith("npudist ") and "torch " in card["versions"]
-    # Step axis ticks read as numbers people write (0, 5, 10 ... 25), never 1e+1.
+    # Step axis ticks read as numbers people write (0, 50, 100), never 1E+2 (nice_ticks' Decimals).
     loss_svg = re.search(r'<svg[^>]*data-plot="loss".*?</svg>', body, re.DOTALL).group(0)
     ticks = re.findall(r'text-anchor="(?:middle|end)" font-size="11">([^<]+)</text>', loss_svg)
-    assert {"10", "20"} <= set(ticks) and not [t for t in ticks if "e+" in t or "e-" in t], ticks
+    assert {"50", "100"} <= set(ticks) and not [t for t in ticks if "e+" in t or "e-" in t], ticks
     plots = re.findall(r'data-plot="([^"]+)" data-series="(\d+)"', dom.stdout)
     # loss and step time: one series per rank; busbw: the one bench file; the one skew window is a value
     assert ("loss", "2") in plots and ("step-time", "2") in plots and ("busbw", "1") in plots
@@ -98,6 +101,7 @@ def test_training_run_report_renders_in_chromium(tmp_path):
         assert console == []
 
 
+@pytest.mark.subprocess
 def test_the_page_lands_in_the_run_dir_by_default(tmp_path):
     run_dir = write_run(tmp_path / "run")
     proc = run_npudist(["report", str(run_dir)], cwd=tmp_path)
@@ -114,6 +118,7 @@ def _shot(page: str, name: str, tmp_path) -> bytes:
     return png.read_bytes()
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)")
 def test_the_loss_toggles_show_the_chart_their_boxes_ask_for_in_chromium(tmp_path):
     from npudist.report import report_html

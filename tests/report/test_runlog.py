@@ -1,6 +1,8 @@
 import json
 import math
 
+import pytest
+
 from npudist.comm.recorder import Recorder
 from npudist.telemetry.job.run_log import RunLog, device_record, rank_file
 from npudist.telemetry.job.step_timer import StepTimer, TrainingMetrics
@@ -51,6 +53,7 @@ def test_records_steps_device_skew_and_comm_totals(tmp_path):
     assert lines[5]["ops"] == [{"op": "all_reduce", "backend": "gloo", "calls": 2, "bytes": 2000, "seconds": 2.0}]
 
 
+@pytest.mark.subprocess
 def test_a_resumed_run_appends(tmp_path):
     path = rank_file(tmp_path, 0)
     for start in (0, 10):
@@ -83,6 +86,7 @@ def test_device_record_without_any_value_is_dropped():
     assert device_record(DeviceReading("cpu", 0, utilization_ratio=0.5))["utilization_ratio"] == 0.5
 
 
+@pytest.mark.subprocess
 def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
     from npudist import runlog_schema as schema
 

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, child_env, run_npudist
 
 PROBE = str(REPO / "tests" / "runtime" / "rank_probe.py")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ranks]
 
 
 @pytest.fixture

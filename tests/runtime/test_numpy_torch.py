@@ -36,6 +36,7 @@ def test_the_doctor_fails_the_pair_with_the_fix(monkeypatch):
     assert checks.numpy_pair(Host(env={})).status == "warn"
 
 
+@pytest.mark.subprocess
 def test_launch_names_the_mismatch_before_the_ranks_start(tmp_path):
     """An installed torch 2.1.2 is stood in for by its metadata first on the path (the import is this torch)."""
     meta = tmp_path / "torch-2.1.2.dist-info"

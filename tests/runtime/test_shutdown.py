@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, run_ranks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ranks]
 RANK = str(REPO / "tests" / "runtime" / "rank_shutdown.py")
 
 

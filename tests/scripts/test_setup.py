@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import REPO, child_env
 
+pytestmark = pytest.mark.subprocess
+
 SHIM = """#!{python}
 import json, os, sys
 args = sys.argv[1:]

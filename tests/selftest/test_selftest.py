@@ -87,6 +87,7 @@ def test_several_hosts_pass_torchruns_options_and_the_shared_checkpoint_folder()
     assert tail[-2:] == ["--checkpoint-dir", "/shared/t"]
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_npudist_test_passes_on_this_machine_within_30_seconds():
     began = time.monotonic()
@@ -104,6 +105,7 @@ CALL = ("import sys; from pathlib import Path; from npudist.selftest.run import 
         "sys.exit(run_selftest(SelfTestOptions(rank_module='broken_rank', timeout_s=90, out=Path(sys.argv[1]))))")
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_a_broken_collective_and_a_broken_checkpoint_fail_by_name(tmp_path):
     env = child_env({"BROKEN": "all_gather,checkpoint"}, pythonpath=[HERE])
@@ -118,6 +120,7 @@ def test_a_broken_collective_and_a_broken_checkpoint_fail_by_name(tmp_path):
     assert (tmp_path / "launch.log").is_file()  # kept for the user on failure
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_npudist_test_passes_on_the_simulated_npu_without_torchs_timer_warning(tmp_path):
     """DDP's runtime stats have no timer for the `npu` device type: each rank printed torch's "Time stats are

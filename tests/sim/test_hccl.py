@@ -16,7 +16,7 @@ from npudist.sim.hccl import SimHcclGroup
 from tests.conftest import run_npudist
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),
+pytestmark = [pytest.mark.slow, pytest.mark.ranks, pytest.mark.timeout(1200),
               pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")]
 
 SCRIPT = "tests/sim/rank_hccl.py"

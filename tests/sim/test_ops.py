@@ -11,6 +11,8 @@ from npudist.runtime import compat
 from tests.conftest import run_py
 from tests.ops.test_ops_ctypes_kernel import EXPECTED, X, libswish  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
 def test_swish_runs_its_npu_kernel_on_the_simulated_device(libswish: Path) -> None:  # noqa: F811

@@ -10,7 +10,7 @@ import pytest
 from npudist.runtime import compat
 from tests.conftest import child_env, run_npudist
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
+pytestmark = [pytest.mark.slow, pytest.mark.ranks, pytest.mark.timeout(600),
               pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")]
 
 

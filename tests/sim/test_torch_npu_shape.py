@@ -33,6 +33,7 @@ def test_the_entry_point_is_registered_in_torch_backends():
         "npudist's metadata lacks its torch.backends entry point: re-install it (pip install -e .)"
 
 
+@pytest.mark.subprocess
 def test_import_torch_without_simulate_loads_nothing():
     proc = run_py(["-c", "import sys, torch; print(hasattr(torch, 'npu'), 'torch_npu' in sys.modules, "
                          "'npudist.sim.state' in sys.modules, torch._C._get_privateuse1_backend_name())"])
@@ -40,6 +41,7 @@ def test_import_torch_without_simulate_loads_nothing():
     assert proc.stdout.split() == ["False", "False", "False", "privateuseone"]
 
 
+@pytest.mark.subprocess
 @needs_autoload
 def test_a_bad_simulate_value_leaves_import_torch_working_and_says_why():
     proc = run_py(["-c", "import torch; print(hasattr(torch, 'npu'))"], env=child_env({"NPUDIST_SIMULATE": "gpu"}))
@@ -88,6 +90,7 @@ def shape() -> dict:
     return _results(proc.stdout)[0]
 
 
+@pytest.mark.subprocess
 def test_import_torch_alone_brings_the_npu_in_a_simulating_process(shape):
     assert shape["torch_npu_loaded_by_import_torch"]
     assert shape["device_string"] == "npu:0"
@@ -96,6 +99,7 @@ def test_import_torch_alone_brings_the_npu_in_a_simulating_process(shape):
     assert shape["cuda_device_mapped"] == ["npu:1", "npu"]
 
 
+@pytest.mark.subprocess
 def test_names_not_simulated_say_so(shape):
     assert shape["not_simulated_attr"].startswith("NotSimulated: not simulated: torch_npu.npu_rms_norm")
     assert shape["not_simulated_npu_attr"].startswith("NotSimulated: not simulated: torch.npu.NPUGraph")
@@ -106,6 +110,7 @@ def test_names_not_simulated_say_so(shape):
     assert shape["simulated_extras"] == [False, True, 1]
 
 
+@pytest.mark.subprocess
 def test_streams_events_and_memory_behave(shape):
     assert 15.0 <= shape["event_ms"] < 2000.0  # the host time between the two records around a 20 ms sleep
     assert shape["stream_query"] == [True, True]
@@ -114,6 +119,7 @@ def test_streams_events_and_memory_behave(shape):
     assert shape["props"][0].startswith("simulated Ascend NPU")
 
 
+@pytest.mark.subprocess
 def test_torch_npu_amp_and_torch_amp_on_npu(shape):
     assert shape["npu_amp_dtype"] == "torch.float16"  # torch_npu's autocast defaults to float16
     assert shape["torch_amp_dtype"] == "torch.bfloat16"
@@ -121,6 +127,7 @@ def test_torch_npu_amp_and_torch_amp_on_npu(shape):
     assert shape["dynamic_scale"] == 512.0  # torch's scaler on npu backs off after an overflow
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @needs_sim
 def test_huaweis_quick_start_trains_unchanged():
@@ -134,6 +141,7 @@ def test_huaweis_quick_start_trains_unchanged():
     assert r["torch_npu"].endswith("+npudist.sim")
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @needs_sim
 def test_a_cuda_ddp_script_ported_with_transfer_to_npu_trains_unchanged_on_two_ranks():
@@ -155,6 +163,7 @@ def test_a_cuda_ddp_script_ported_with_transfer_to_npu_trains_unchanged_on_two_r
     assert ranks[0]["params_head"] == ranks[1]["params_head"]  # DDP kept the replicas equal
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 @needs_sim
 def test_a_torch_npu_test_style_script_runs_through_the_entry_point_alone():

@@ -15,7 +15,7 @@ from npudist.runtime import compat
 from tests.conftest import child_env, run_npudist
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200),
               pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")]
 
 EXAMPLE = "examples/train_ddp.py"

@@ -49,6 +49,7 @@ def _one(samples: dict[tuple, float], name: str, **labels: str) -> float:
     return hits[0]
 
 
+@pytest.mark.subprocess
 def test_sweep_serves_every_ascend_family_from_the_fakes(ascend_path):
     health = CollectorHealth()
     registry, pollers = _serve(ascend_sweeps(health, lambda q: True, timeout=20), health)
@@ -69,6 +70,7 @@ def test_sweep_serves_every_ascend_family_from_the_fakes(ascend_path):
     assert len(served & ascend) >= 30, sorted(ascend - served)
 
 
+@pytest.mark.subprocess
 def test_hung_hccn_tool_is_killed_counted_and_skipped_and_scrapes_stay_fast(ascend_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_HCCN_MODE", "hang")
     monkeypatch.setenv("NPUDIST_FAKE_HCCN_HANG_S", "30")
@@ -90,6 +92,7 @@ def test_hung_hccn_tool_is_killed_counted_and_skipped_and_scrapes_stay_fast(asce
     assert not any(n == "npudist_link_up" for n, _ in got)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode, reason", [("fail", "exit_code"), ("garbage", "parse")])
 def test_failing_or_garbage_hccn_tool_is_counted_per_query(ascend_path, monkeypatch, mode, reason):
     monkeypatch.setenv("NPUDIST_FAKE_HCCN_MODE", mode)
@@ -102,6 +105,7 @@ def test_failing_or_garbage_hccn_tool_is_counted_per_query(ascend_path, monkeypa
     assert not any(n.startswith("npudist_link_") for n, _ in _samples(registry))
 
 
+@pytest.mark.subprocess
 def test_last_good_answer_is_served_then_dropped_when_stale(ascend_path, monkeypatch):
     now = [0.0]
     sweep = AscendSweep([q for q in HCCN_QUERIES if q.name == "link"], CollectorHealth(), name="hccn_tool",
@@ -114,6 +118,7 @@ def test_last_good_answer_is_served_then_dropped_when_stale(ascend_path, monkeyp
     assert sweep.read() == []  # an old link state is not reported as the current one
 
 
+@pytest.mark.subprocess
 def test_down_link_is_reported_for_its_own_nic(ascend_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_HCCN_DOWN", "1")
     health = CollectorHealth()
@@ -121,6 +126,7 @@ def test_down_link_is_reported_for_its_own_nic(ascend_path, monkeypatch):
     assert {(c.device_id, c.nic): c.measurements[0].value for c in sweep.read()} == {(3, "0"): 1.0, (4, "1"): 0.0}
 
 
+@pytest.mark.subprocess
 def test_collectors_switch_queries_and_families_off(ascend_path, monkeypatch):
     log = ascend_path / "hccn.log"
     monkeypatch.setenv("NPUDIST_FAKE_HCCN_ARGS", str(log))

@@ -30,6 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_exporter_command_serves_a_fake_source(tmp_path):
     (tmp_path / "fake_two_chips.py").write_text(FAKE_SOURCE)
@@ -77,6 +78,7 @@ def test_exporter_command_errors_name_the_problem():
     assert bad.exit_code == 2 and "already in use" in bad.output
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_exporter_serves_the_reliability_families_from_the_fake_tools(tmp_path):
     """`npudist exporter --source npu-smi` with the fake npu-smi and hccn_tool (recorded outputs) serves at

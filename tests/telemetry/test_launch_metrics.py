@@ -101,6 +101,7 @@ def test_under_mpi_only_local_rank_zero_writes_targets(tmp_path):
     assert p.targets == _doc(base)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path):
     script = tmp_path / "ranks.py"
@@ -155,6 +156,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_launch_empties_its_targets_file(tmp_path, sig):
     script, started, targets = tmp_path / "sleeper.py", tmp_path / "started", tmp_path / "targets.json"

@@ -180,6 +180,7 @@ def _last_success(url: str) -> float:
     return samples(fams, "npudist_collector_last_success_timestamp_seconds").get((("collector", "npu-smi"),), 0.0)
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_sixty_half_sent_requests_under_a_64_descriptor_limit():
     env = child_env({"PATH": fakes_path()})

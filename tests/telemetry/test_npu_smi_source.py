@@ -10,6 +10,8 @@ import pytest
 from npudist.telemetry import Source, SourceError
 from npudist.telemetry.sources.npu_smi import NpuSmiSource
 
+pytestmark = pytest.mark.subprocess
+
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 MIB = 1048576
 

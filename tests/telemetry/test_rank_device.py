@@ -59,12 +59,14 @@ def test_bad_visible_devices_are_refused_with_what_the_runtime_would_see(visible
         rank_chip(A3, visible, index)
 
 
+@pytest.mark.subprocess
 def test_source_locates_through_info_m(fake_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_MAP", str(RECORDINGS / "info-m-a3-16chip-constructed.txt"))
     assert NpuSmiSource().locate({"ASCEND_RT_VISIBLE_DEVICES": "4,5"}, 1) == RankDevice(2, 1, 5)
     assert fake_path.read_text().splitlines() == ["info -m"]
 
 
+@pytest.mark.subprocess
 def test_read_fills_logical_ids_and_asks_info_m_once(fake_path, monkeypatch):
     monkeypatch.setenv("NPUDIST_FAKE_NPU_SMI_FILE", str(RECORDINGS / "910b2c-8npu-constructed.txt"))
     src = NpuSmiSource()
@@ -74,6 +76,7 @@ def test_read_fills_logical_ids_and_asks_info_m_once(fake_path, monkeypatch):
     assert fake_path.read_text().splitlines() == ["info", "info -m", "info", "info"]
 
 
+@pytest.mark.subprocess
 def test_a_failing_info_m_is_retried_only_every_n_reads(fake_path, monkeypatch, tmp_path):
     from npudist.telemetry.sources.npu_smi import source
 

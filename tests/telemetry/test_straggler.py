@@ -126,6 +126,7 @@ def test_time_waiting_in_collectives_is_not_work_and_data_wait_is():
     assert timer._window_data == pytest.approx(0.03) and timer._window_comm == pytest.approx(0.07)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_example_names_the_slowed_rank_with_its_device(tmp_path):
     # 3 ranks, rank 1 three times slower (a sleep of twice its own step on top); an exchange every 4 steps.

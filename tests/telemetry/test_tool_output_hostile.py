@@ -23,6 +23,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.subprocess
 def test_endless_output_is_cut_at_the_cap_and_the_wrapper_group_killed(tmp_path):
     pid_file = tmp_path / "child.pid"
     wrapper = tmp_path / "npu-smi"  # a wrapper script whose child floods stdout
@@ -38,6 +39,7 @@ def test_endless_output_is_cut_at_the_cap_and_the_wrapper_group_killed(tmp_path)
     assert not _alive(child), f"the flooding child {child} outlived the cap"
 
 
+@pytest.mark.subprocess
 def test_output_under_the_cap_is_returned_whole(tmp_path):
     done = run_tool([sys.executable, "-c", "import sys; sys.stdout.write('x' * 300000); "
                      "sys.stderr.write('e' * 300000)"], timeout=30, limit=300000)
@@ -46,6 +48,7 @@ def test_output_under_the_cap_is_returned_whole(tmp_path):
         run_tool([sys.executable, "-c", "print('x' * 300000)"], timeout=30, limit=299999)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("line", ["Tx Power0 : 1{pad}!", "Temperature : 1{pad}!", "Vcc : 1{pad}mV{pad}!"])
 def test_a_long_optical_line_is_parsed_in_linear_time(line):
     """120k blanks between a number and a stray character: a pair of adjacent ``\\s*`` held the GIL for
