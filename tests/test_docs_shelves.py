@@ -109,3 +109,17 @@ def test_the_commands_page_names_every_command():
     assert {"npudist launch", "npudist bench collective", "npudist deploy slurm"} <= set(commands)
     missing = [c for c in commands if not re.search(rf"`{re.escape(c)}[` ]", text)]
     assert not missing, f"docs/reference/commands.md does not name: {missing}"
+
+
+def test_the_commands_page_names_every_option_npudist_adds_to_torchrun():
+    from torch.distributed.run import get_args_parser
+
+    from npudist import launch
+
+    torchrun = {o for a in get_args_parser()._actions for o in a.option_strings}
+    ours = [a.option_strings[0] for a in launch.parser()._actions if a.option_strings
+            and not set(a.option_strings) & torchrun and a.option_strings[0].startswith("--")]
+    assert "--metrics-port" in ours
+    text = (DOCS / "reference" / "commands.md").read_text()
+    missing = [o for o in ours if not re.search(rf"`{re.escape(o)}[` =\[]", text)]
+    assert not missing, f"docs/reference/commands.md does not name launch's {missing}"
