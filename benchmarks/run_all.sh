@@ -21,6 +21,7 @@ run bucketing python -m npudist launch --nproc-per-node 2 benchmarks/bucketing.p
 run comm_overhead python -m npudist launch --nproc-per-node 2 benchmarks/comm_overhead.py --samples 60
 run telemetry_overhead python benchmarks/telemetry_overhead.py --pairs 4 --steps 200
 run loop_hook_cost python benchmarks/loop_hook_cost.py --steps 3000 --repeats 6
+run phase_cost python benchmarks/phase_cost.py
 run telemetry_ab python benchmarks/telemetry_ab.py --pairs 12 --block 300
 run telemetry_ab_null python benchmarks/telemetry_ab.py --pairs 12 --block 300 --aa
 run telemetry_ab_calibration python benchmarks/telemetry_ab.py --pairs 12 --block 300 --inject-ms 0.2
