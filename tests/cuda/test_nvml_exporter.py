@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import FAKES, child_env
+from tests.conftest import FAKES, child_env, free_port
 from tests.telemetry.exp_helpers import families, scrape
 
 pytestmark = pytest.mark.cuda
@@ -96,16 +95,10 @@ def test_nvml_source_reads_plausible_values() -> None:
         source.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_exporter_serves_nvml_values() -> None:
     _pynvml()
-    port = _free_port()
+    port = free_port()
     # --source auto: on a CUDA host the vendor table's telemetry source for cuda is NVML.
     proc = subprocess.Popen([sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}",
                              "--source", "auto", "--interval", "500ms"],

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from tests.conftest import free_port
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_pair() -> int:

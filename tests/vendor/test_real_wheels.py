@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env, fakes_path
+from tests.conftest import REPO, child_env, fakes_path, free_port
 from tests.telemetry.exp_helpers import families, scrape
 
 VENDOR_PYTHON = os.environ.get("NPUDIST_REAL_VENDOR_PYTHON")
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.skipif(not VENDOR_PYTHON, reason="NPUDIST_REAL_VENDOR_P
 def _run(args: list[str], timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([VENDOR_PYTHON, *args], env=child_env(env), cwd=REPO, text=True, capture_output=True,
                           timeout=timeout, check=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_wheel_really_breaks_import_torch_here():
@@ -118,7 +111,7 @@ def _serve(args: list[str], port: int, want: str, **env: str) -> tuple[str, str]
 
 
 def test_exporter_serves_npu_smi_metrics_with_the_broken_python_stack():
-    port = _free_port()
+    port = free_port()
     path = fakes_path()
     text, err = _serve(["--source", "auto"], port, "npudist_device_power_watts{", PATH=path)
     assert "Traceback" not in err
@@ -128,7 +121,7 @@ def test_exporter_serves_npu_smi_metrics_with_the_broken_python_stack():
 
 
 def test_exporter_keeps_serving_when_real_nvml_has_no_driver():
-    port = _free_port()
+    port = free_port()
     text, err = _serve(["--source", "nvml"], port, 'npudist_collector_errors_total{collector="nvml"')
     assert "NVML Shared Library Not Found" in err  # NVML's own error (NVMLError_LibraryNotFound)
     errors = [v for name, labels, v in _samples(text)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from npudist.launch import free_port
 from npudist.testing.cluster import TIMEOUT_S, Cluster, ClusterUnavailable, Node
 
 EXPORTER_PORT = 9400
@@ -43,12 +43,6 @@ class Fired:
         return f"{self.name} ({self.severity}, {self.after_s:.0f} s{', ' + self.where if self.where else ''})"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Monitor:
     """``with Monitor(cluster, run_dir) as m:`` then ``cluster.launch(..., launch_args=m.launch_args(node),
     env=m.env(node, env))``; ``m.mark()`` at the fault, ``m.poll()`` as often as wanted, ``m.fired``."""
@@ -60,7 +54,7 @@ class Monitor:
         self.binary = prometheus or shutil.which("prometheus")
         if self.binary is None:
             raise ClusterUnavailable("needs the prometheus binary on PATH")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.fired: dict[str, Fired] = {}
