@@ -19,6 +19,7 @@ from npudist.comm.constraints import Constraints
 from npudist.comm.hang.reader import HangReader
 from npudist.comm.hang.store import read_places
 from npudist.comm.hang.watchdog import Watchdog
+from npudist.comm.quiesce import quiesce
 from npudist.comm.recorder import CommStats, Recorder
 from npudist.diagnosis.place import Place
 from npudist.runtime.settings import Settings
@@ -65,7 +66,13 @@ def _attach(rt: Runtime) -> CommState:
     with rt.lock:
         if rt.comm is None:
             rt.comm = CommState(rt.settings)
-        return rt.comm
+            attached = True
+        else:
+            attached = False
+    if attached:  # outside the lock: own() takes it
+        # The rank's last step before the interpreter finalizes, at exit too (quiesce.py says why).
+        rt.own("backend", quiesce)
+    return rt.comm
 
 
 def set_debug(on: bool | None) -> None:

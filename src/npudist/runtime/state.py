@@ -33,6 +33,7 @@ CLOSE_ORDER = (
     "checkpoints",    # the last background write lands; a sharded one still talks over comm's side group
     "comm",           # the watchdog's publisher joined; cached groups, the side group and buffers dropped
     "group",          # the bounded shutdown barrier, then the process group destroyed (not at exit)
+    "backend",        # no collective in flight, the backend's native threads asleep (comm/quiesce.py; at exit too)
     "run_dir_locks",  # last: no rank writes the run directory once another job may take it
 )
 """The order ``Runtime.close()`` ends a rank's parts in, first to last."""
@@ -78,7 +79,9 @@ class Runtime:
         Invariant: nothing of npudist's holds a process group, runs a thread or serves a port once this
         returns, and the group is destroyed here rather than during interpreter finalization. A gloo
         group or a thread that lives into finalization can abort the process ("terminate called without
-        an active exception"): its worker thread needs the GIL back inside a C++ destructor. A part that
+        an active exception"): its worker thread needs the GIL back inside a C++ destructor. Where a
+        script keeps its group alive (a DDP module holds it even after destroy_process_group), the
+        ``backend`` step waits until its threads are at rest instead (comm/quiesce.py says why). A part that
         fails to close does not keep the later ones running: the first failure (or a background
         checkpoint failure not raised yet, CheckpointError) is raised once all parts are closed, never
         in place of an exception already on its way out, and the others are logged.

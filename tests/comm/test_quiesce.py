@@ -1,0 +1,90 @@
+"""quiesce(): the rank's last teardown step waits for in-flight collectives and busy backend threads, bounded.
+
+Thread states are recorded /proc/self/task/TID/stat lines (proc(5)); the clock and sleep are injected, so the
+waits are counted, not timed.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from npudist.comm.quiesce import QUIESCE_S, SAMPLE_S, ThreadState, backend_busy, parse_stat, quiesce, read_threads
+from npudist.runtime.state import CLOSE_ORDER
+
+# Recorded from a gloo rank on Linux 6.x: the worker's name, and a name holding ") " as a script may choose.
+GLOO_WORKER = "4242 (pt_gloo_runloop) S 4100 4100 4100 0 -1 4194368 11 0 0 0 3 1 0 0 20 0 5 0 8871 0 0"
+ODD_NAME = "4243 (a) R (b) R 4100 4100 4100 0 -1 4194368 11 0 0 0 3 1 0 0 20 0 5 0 8871 0 0"
+
+
+def test_stat_line_gives_name_and_state_even_with_parentheses_in_the_name():
+    assert parse_stat(4242, GLOO_WORKER) == ThreadState(tid=4242, name="pt_gloo_runloop", state="S")
+    assert parse_stat(4243, ODD_NAME) == ThreadState(tid=4243, name="a) R (b", state="R")
+    assert parse_stat(1, "") is None
+    assert parse_stat(1, "garbage without parentheses") is None
+
+
+def test_read_threads_sees_this_process_and_nothing_where_there_is_no_proc(tmp_path):
+    me = threading.get_native_id()
+    assert me in {t.tid for t in read_threads()}
+    assert read_threads(str(tmp_path / "missing")) == []
+
+
+def test_python_threads_and_sleeping_native_threads_are_not_busy():
+    threads = [ThreadState(1, "python", "R"), ThreadState(2, "npudist-watchdog", "R"),
+               ThreadState(3, "pt_gloo_runloop", "S"), ThreadState(4, "gloo_tcp_loop", "S")]
+    assert backend_busy(threads, python_ids={1, 2}) == ()
+    threads.append(ThreadState(5, "pt_gloo_runloop", "R"))
+    assert backend_busy(threads, python_ids={1, 2}) == ("pt_gloo_runloop",)
+
+
+class World:
+    """Scripted samples: each call to threads()/flying() reads the next state; sleep advances the clock."""
+
+    def __init__(self, busy: list[bool], flying: list[int]) -> None:
+        self.busy, self.flying_n, self.now, self.sleeps = busy, flying, 0.0, 0
+
+    def threads(self) -> list[ThreadState]:
+        busy = self.busy.pop(0) if len(self.busy) > 1 else self.busy[0]
+        return [ThreadState(7, "pt_gloo_runloop", "R" if busy else "S")]
+
+    def flying(self) -> int:
+        return self.flying_n.pop(0) if len(self.flying_n) > 1 else self.flying_n[0]
+
+    def sleep(self, s: float) -> None:
+        self.sleeps += 1
+        self.now += s
+
+    def run(self, timeout_s: float = QUIESCE_S):
+        return quiesce(timeout_s, threads=self.threads, flying=self.flying, python_ids=lambda: set(),
+                       sleep=self.sleep, clock=lambda: self.now)
+
+
+def test_quiet_backend_needs_two_quiet_samples_in_a_row():
+    w = World(busy=[False], flying=[0])
+    got = w.run()
+    assert got.quiet and w.sleeps == 1
+
+
+def test_a_worker_caught_running_between_quiet_samples_restarts_the_count():
+    w = World(busy=[False, True, False, False], flying=[0])
+    got = w.run()
+    assert got.quiet and w.sleeps == 3
+
+
+def test_a_collective_in_flight_is_waited_for_until_it_completes():
+    w = World(busy=[False], flying=[1, 1, 1, 0, 0])
+    got = w.run()
+    assert got.quiet and w.sleeps == 4
+
+
+def test_the_wait_is_bounded_and_says_what_was_still_busy():
+    w = World(busy=[True], flying=[2])
+    got = w.run(timeout_s=0.5)
+    assert not got.quiet
+    assert (got.in_flight, got.busy) == (2, ("pt_gloo_runloop",))
+    assert 0.5 <= got.waited_s < 0.5 + 2 * SAMPLE_S
+
+
+def test_the_backend_step_comes_after_the_group_and_before_the_run_dir_lock():
+    order = list(CLOSE_ORDER)
+    assert order.index("comm") < order.index("group") < order.index("backend") < order.index("run_dir_locks")
