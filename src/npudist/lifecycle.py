@@ -192,6 +192,9 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, *
     from npudist import training  # after the group: the loop's exporter reads the rank it joined as
 
     training.attach(rt, rt.context, watch)
+    from npudist.checkpoint import peer_unused
+
+    peer_unused.start(rt.context.rank)  # under `launch --peer-snapshots K`: says so if no copy is ever sent
     if rt.settings.dry_run_steps:
         _dry_run(rt)
     return rt.context

@@ -13,10 +13,11 @@ whose close (``shutdown()``, or the exit hook of a run that skips it) waits for 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,35 @@ DURATION_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says what happened and what is intact."""
+
+
+TEST_DELAY_VAR = "NPUDIST_TEST_CHECKPOINT_DELAY_S"
+"""Test harnesses only: SlowDisk.background_s for a launched process."""
+SYNC_DELAY_VAR = "NPUDIST_TEST_SYNC_CHECKPOINT_DELAY_S"
+"""Test harnesses only: SlowDisk.sync_s for a launched process."""
+
+
+@dataclass(frozen=True)
+class SlowDisk:
+    """A slow disk for tests: seconds a save waits before it publishes. A test in this process sets the
+    writer's ``slow_disk``; a harness that launches ranks sets the two variables, read once when the
+    process's writer is made (``writer()``), never inside ``save()``."""
+
+    background_s: float = 0.0
+    """An asynchronous write, between its files and its manifest."""
+    sync_s: float = 0.0
+    """Rank 0 in a synchronous save, while the other ranks wait in the checkpoint's control collective."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SlowDisk:
+        def seconds(name: str) -> float:
+            raw = env.get(name, "").strip()
+            try:
+                return float(raw or 0)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a number of seconds; unset it or give e.g. 0.5") from None
+
+        return cls(background_s=seconds(TEST_DELAY_VAR), sync_s=seconds(SYNC_DELAY_VAR))
 
 
 @dataclass(frozen=True)
@@ -99,7 +129,8 @@ class SaveHandle:
 
 
 class CheckpointWriter:
-    def __init__(self) -> None:
+    def __init__(self, slow_disk: SlowDisk = SlowDisk()) -> None:
+        self.slow_disk = slow_disk
         self._lock = threading.Lock()
         self._job: SaveHandle | None = None
         self._staging: HostStaging | None = None
@@ -109,6 +140,8 @@ class CheckpointWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.peer: Any = None
         """The in-memory peer snapshots' sender (peer.py), when launch turned them on; its sends run here."""
+        self.unused: Any = None
+        """peer_unused.py's step count while launch asked for peer snapshots and none was sent."""
 
     def settle(self, *, count_wait: bool = True) -> CheckpointError | None:
         """Wait for the write in flight (counted and logged when a save had to wait); return the
@@ -179,7 +212,12 @@ class CheckpointWriter:
         with self._lock:
             return CheckpointStats(_durations(self._snapshot), _durations(self._write), self._bytes,
                                    int(self._job is not None and not self._job.done()), self._waits,
-                                   self._failures, self.peer.snapshot_stats() if self.peer is not None else None)
+                                   self._failures, self._peer_stats())
+
+    def _peer_stats(self) -> Any:
+        if self.peer is not None and (self.unused is None or self.peer.stats.snapshots > 0):
+            return self.peer.snapshot_stats()
+        return self.unused.stats() if self.unused is not None else None
 
     def host_copy(self, state: Any) -> Any:
         """A copy of ``state`` that training can no longer change: device tensors copied into host buffers
@@ -192,6 +230,9 @@ class CheckpointWriter:
     def close(self) -> CheckpointError | None:
         """Wait for the last write; stop the thread; drop the staging buffers; return an unraised error."""
         error = self.settle(count_wait=False)
+        if self.unused is not None:
+            self.unused.close()
+            self.unused = None
         if self.peer is not None:
             self.peer.close()  # its last send, queued on the thread below, lands first
             self.peer = None
@@ -217,6 +258,6 @@ def writer() -> CheckpointWriter:
     if w is None:
         with rt.lock:
             if rt.checkpoints is None:
-                rt.checkpoints = CheckpointWriter()
+                rt.checkpoints = CheckpointWriter(SlowDisk.from_env(os.environ))
             w = rt.checkpoints
     return w
