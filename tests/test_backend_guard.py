@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from npudist import backend_guard
+from npudist.accelerators import backend_guard
 from tests.conftest import child_env, run_npudist, run_py
 
 TORCH_MESSAGE = ("Failed to load the backend extension: torch_npu. You can disable extension auto-loading "

@@ -7,6 +7,7 @@ through either path agrees), and each public name a script imported from it must
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,9 @@ MOVED_MODULES = {
     "npudist.telemetry.job.detector": "npudist.diagnosis.straggler.detector",
     "npudist.telemetry.job.student_t": "npudist.diagnosis.straggler.student_t",
     "npudist.telemetry.job.skew": "npudist.diagnosis.straggler.skew",
+    "npudist.backend_guard": "npudist.accelerators.backend_guard",
+    "npudist.toolrun": "npudist.runtime.toolrun",
+    "npudist.runlog_schema": "npudist.telemetry.runlog_schema",
 }
 
 # (old module, name) -> where the name lives now
@@ -34,6 +38,8 @@ MOVED_NAMES = {
     ("npudist.telemetry", "StragglerDetector"): "npudist.diagnosis.straggler.detector",
     ("npudist.telemetry.job.skew", "SkewReport"): "npudist.diagnosis.straggler.skew",
     ("npudist.accelerators.place", "Place"): "npudist.diagnosis.place",
+    ("npudist.backend_guard", "from_env"): "npudist.accelerators.backend_guard",
+    ("npudist.runlog_schema", "check"): "npudist.telemetry.runlog_schema",
 }
 
 
@@ -46,6 +52,22 @@ def test_an_old_module_path_is_the_module_at_its_new_place(old, new):
 def test_a_name_imported_from_its_old_place_is_the_one_at_its_new_place(old, name):
     assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(MOVED_NAMES[old, name]),
                                                                    name)
+
+
+def test_a_moved_module_keeps_its_own_name_and_spec_and_leaves_no_file_behind():
+    src = importlib.import_module("npudist").__path__[0]
+    for old, new in MOVED_MODULES.items():
+        module = importlib.import_module(old)
+        assert module.__name__ == new and module.__spec__.name == new  # pickles and reloads see the new place
+        assert not (Path(src).parent / (old.replace(".", "/") + ".py")).exists(), old
+
+
+def test_a_path_that_exists_is_never_served_by_the_alias_table():
+    import npudist.comm.hang as hang
+
+    assert hang.__spec__.origin.endswith("comm/hang/__init__.py")  # the package, not the old verdict module
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("npudist.no_such_module")
 
 
 def test_an_old_path_that_never_had_a_name_still_says_so():

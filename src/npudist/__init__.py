@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from npudist._lazy import exports, listing
+from npudist._lazy import exports, install_moved, listing
 from npudist._version import __version__
 
 if TYPE_CHECKING:
@@ -41,6 +41,21 @@ _WHERE = MappingProxyType({
     "shutdown": "npudist.lifecycle",
     "NonFiniteError": "npudist.sentinel",
 })
+_MOVED = MappingProxyType({
+    # old path -> new path (docs/architecture.md); kept for one release, tests/test_moved_paths.py
+    "npudist.backend_guard": "npudist.accelerators.backend_guard",
+    "npudist.toolrun": "npudist.runtime.toolrun",
+    "npudist.runlog_schema": "npudist.telemetry.runlog_schema",
+    "npudist.accelerators.place": "npudist.diagnosis.place",
+    "npudist.comm.rank_states": "npudist.diagnosis.rank_states",
+    "npudist.comm.watchdog": "npudist.comm.hang.watchdog",
+    "npudist.comm.hang_reader": "npudist.comm.hang.reader",
+    "npudist.comm.progress_store": "npudist.comm.hang.store",
+    "npudist.telemetry.job.detector": "npudist.diagnosis.straggler.detector",
+    "npudist.telemetry.job.student_t": "npudist.diagnosis.straggler.student_t",
+    "npudist.telemetry.job.skew": "npudist.diagnosis.straggler.skew",
+})
+install_moved(_MOVED)
 _SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "edge", "infer", "lifecycle",
                           "migrate", "ops", "report", "runtime", "telemetry", "training"})
 

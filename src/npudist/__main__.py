@@ -21,7 +21,7 @@ def _fail(message: str) -> None:
 
 
 def _import_torch(argv: list[str]) -> None:
-    from npudist import backend_guard
+    from npudist.accelerators import backend_guard
 
     try:
         backend_guard.import_torch_or_rerun(argv)

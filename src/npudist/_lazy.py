@@ -13,6 +13,9 @@ A value is the module that defines the name, or ``(module, attribute)`` where th
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib import import_module
@@ -52,3 +55,38 @@ def listing(package: str, where: Where, *, submodules: Iterable[str] = ()) -> Ca
         return sorted({*vars(sys.modules[package]), *names})
 
     return __dir__
+
+
+class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Old module paths that still import, for one release, as the very module at the new place.
+
+    ``moved`` maps each old dotted path to the new one. It comes last on ``sys.meta_path``, so only a path
+    that no longer exists reaches it; ``import old`` then binds the new module under the old name (one
+    object: a monkeypatch or an isinstance check through either path agrees). No file is left at the old
+    place, so a moved top-level module does not count among the package's loose modules.
+    """
+
+    def __init__(self, moved: Mapping[str, str]) -> None:
+        self.moved = moved
+        self._specs: dict[str, Any] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.moved:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        module = import_module(self.moved[spec.name])
+        self._specs[spec.name] = module.__spec__  # the import system sets __spec__ to the old name's: undone below
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        real = self._specs.pop(module.__spec__.name, None)
+        if real is not None:
+            module.__spec__ = real
+
+
+def install_moved(moved: Mapping[str, str]) -> None:
+    """Put a MovedModules for ``moved`` at the end of ``sys.meta_path`` (once per table)."""
+    if not any(isinstance(f, MovedModules) and f.moved is moved for f in sys.meta_path):
+        sys.meta_path.append(MovedModules(moved))

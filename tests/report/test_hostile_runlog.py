@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npudist import runlog_schema as schema
+from npudist.telemetry import runlog_schema as schema
 from npudist.report import load_run, report_html
 from npudist.report.model import Series
 from npudist.report.svg import line_chart

@@ -88,7 +88,7 @@ def test_device_record_without_any_value_is_dropped():
 
 @pytest.mark.subprocess
 def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
-    from npudist import runlog_schema as schema
+    from npudist.telemetry import runlog_schema as schema
 
     recorder = Recorder()
     reading = DeviceReading("npu", 4, power_watts=90.0, utilization_ratio=0.5, memory_used_bytes=2**30)
@@ -113,9 +113,9 @@ def test_every_record_the_writer_writes_is_one_the_report_reads(tmp_path):
 
 
 def test_docs_table_is_generated_from_the_schema():
-    from npudist import runlog_schema as schema
+    from npudist.telemetry import runlog_schema as schema
     from tests.conftest import REPO
 
     text = (REPO / "docs" / "reference" / "report.md").read_text()
     table = text.split("<!-- runlog-table:begin -->\n", 1)[1].split("<!-- runlog-table:end -->", 1)[0]
-    assert table == schema.markdown_table(), "regenerate with: python -m npudist.runlog_schema"
+    assert table == schema.markdown_table(), "regenerate with: python -m npudist.telemetry.runlog_schema"

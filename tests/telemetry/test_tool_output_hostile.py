@@ -12,7 +12,7 @@ import pytest
 
 from npudist.telemetry import SourceError
 from npudist.telemetry.sources.npu_smi import NpuSmiSource
-from npudist.toolrun import ToolOutputTooLarge, run_tool
+from npudist.runtime.toolrun import ToolOutputTooLarge, run_tool
 from tests.conftest import child_env
 
 

@@ -52,7 +52,7 @@ def python_version(host: Host) -> CheckResult:
 
 @check("torch")
 def torch_version(host: Host) -> CheckResult:
-    from npudist import backend_guard
+    from npudist.accelerators import backend_guard
 
     broken = backend_guard.from_env(host.env)
     if broken is not None:

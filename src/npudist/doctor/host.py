@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudist.runtime.network import Interface, route_to
-from npudist.toolrun import run_tool
+from npudist.runtime.toolrun import run_tool
 
 
 def _interfaces() -> dict[str, list[str]]:

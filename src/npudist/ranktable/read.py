@@ -30,7 +30,7 @@ def ask_hccn(exe: str | None, timeout: float = TOOL_TIMEOUT_S) -> Callable[[int]
     """``device -> ipaddr`` from ``hccn_tool -i N -ip -g``; None when the tool is absent, fails or prints no
     address (the caller falls back to /etc/hccn.conf)."""
     from npudist.telemetry.sources.hccn.parse import parse_ip
-    from npudist.toolrun import run_tool
+    from npudist.runtime.toolrun import run_tool
 
     def ask(device: int) -> str | None:
         if exe is None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudist import runlog_schema as schema
+from npudist.telemetry import runlog_schema as schema
 from npudist.checkpoint import layout
 from npudist.report import verdicts as v
 from npudist.report.records import Problem, ReportError, load_run, read_doc

@@ -1,4 +1,4 @@
-"""Reading a run directory: rank logs (format: npudist.runlog_schema) and bench results (bench/*.json,
+"""Reading a run directory: rank logs (format: npudist.telemetry.runlog_schema) and bench results (bench/*.json,
 `npudist bench collective --out`). Parsing is pure; load_run() is the only I/O.
 
 Bad data never stops the report: a line or file that cannot be used becomes a Problem shown on the page.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npudist import runlog_schema as schema
+from npudist.telemetry import runlog_schema as schema
 
 MAX_LINE = 1 << 20
 """Longest rank-log line read (bytes); the writer's longest (a comm record) is a few KiB."""

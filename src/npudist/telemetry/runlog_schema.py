@@ -276,5 +276,5 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m npudist.runlog_schema` prints the docs table
+if __name__ == "__main__":  # pragma: no cover - `python -m npudist.telemetry.runlog_schema` prints the docs table
     print(markdown_table(), end="")

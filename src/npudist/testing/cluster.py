@@ -32,6 +32,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 TIMEOUT_S = 10.0
 SUBNETS = "10.213.0.0/16"
@@ -45,7 +46,7 @@ _NETNS = re.compile(r"^npd([0-9a-f]{4})-n\d+$")
 # The hostname is set inside the new UTS namespace, then the command replaces the shell; the script is
 # fixed text and every value reaches it as a positional argument, never as shell source.
 _SET_HOSTNAME = 'hostname "$1" && shift && exec "$@"'
-_OWN_PIDS = {False: (), True: ("--pid", "--fork", "--mount-proc")}
+_OWN_PIDS = MappingProxyType({False: (), True: ("--pid", "--fork", "--mount-proc")})
 """unshare's options for a node with its own pid namespace: the launcher is its pid 1, /proc shows the node's."""
 
 

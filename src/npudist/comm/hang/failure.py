@@ -13,14 +13,11 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from npudist.comm.hang.store import read_group, read_who, wait_for_verdict
 from npudist.diagnosis.record import BadRecord, Record, Records, position, record_json
 from npudist.runtime.report_file import write_report
-
-if TYPE_CHECKING:
-    from npudist.comm.hang.watchdog import Watchdog
 
 log = logging.getLogger("npudist.comm")
 NATIVE = -1
@@ -90,11 +87,11 @@ def failure_error(*, op: str, seq: int, nbytes: int, rank: int, records: Records
     return CollectiveHangError(message, report)
 
 
-def diagnose(wd: Watchdog, *, op: str, seq: int, nbytes: int, exc: BaseException) -> CollectiveHangError | None:
-    """The error for ``exc`` on watchdog ``wd``'s rank, or None (the caller re-raises ``exc``): a diagnosis
-    that fails itself is logged and never replaces the collective's own error."""
-    from npudist.comm.hang import watchdog  # its period and waits, as configured (tests shorten them)
-
+def diagnose(wd: Any, *, op: str, seq: int, nbytes: int, exc: BaseException, period_s: float,
+             verdict_wait_s: float) -> CollectiveHangError | None:
+    """The error for ``exc`` on the rank of ``wd`` (its Watchdog, which calls this), or None (the caller
+    re-raises ``exc``): a diagnosis that fails itself is logged and never replaces the collective's own error.
+    ``period_s``: the watchdog's publish period; ``verdict_wait_s``: how long to wait for rank 0's verdict."""
     rec = wd.record
     if rec is None or seq == 0:
         return None
@@ -108,9 +105,9 @@ def diagnose(wd: Watchdog, *, op: str, seq: int, nbytes: int, exc: BaseException
             said = wd.reader.judge_now(cause)
             verdict = said.to_json() if said is not None else None
         elif rec.rank != 0 and wd.hang_action != "off":
-            verdict = wait_for_verdict(wd._connect(), watchdog.VERDICT_WAIT_S, watchdog.PUBLISH_INTERVAL_S / 2)
+            verdict = wait_for_verdict(wd._connect(), verdict_wait_s, period_s / 2)
         if verdict is None:
-            time.sleep(watchdog.PUBLISH_INTERVAL_S * 2)  # give the others' records time to arrive
+            time.sleep(period_s * 2)  # give the others' records time to arrive
         records = wd.records()
     except Exception as store_exc:
         log.warning("hang diagnosis could not read the store: %s", store_exc)
@@ -124,7 +121,7 @@ def diagnose(wd: Watchdog, *, op: str, seq: int, nbytes: int, exc: BaseException
         return None
 
 
-def report(wd: Watchdog, *, op: str, seq: int, nbytes: int, records: Records, cause: str,
+def report(wd: Any, *, op: str, seq: int, nbytes: int, records: Records, cause: str,
            verdict: Mapping[str, Any] | None) -> CollectiveHangError:
     """The error for call ``seq`` (NATIVE: the one the record says the rank waits in, on its group)."""
     rec = wd.record

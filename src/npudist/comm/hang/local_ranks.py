@@ -21,12 +21,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 STOPPED_NAMED_S = 10.0
 """A rank seen stopped this long is named (a debugger's single step or a short pause says nothing)."""
 POLL_S = 2.0
 """How often the launcher looks at its ranks' process states."""
-_HOW = {"stopped": "stopped (state T: SIGSTOP or SIGTSTP)", "tracing-stop": "held by a debugger (state t)"}
+_HOW = MappingProxyType({"stopped": "stopped (state T: SIGSTOP or SIGTSTP)",
+                         "tracing-stop": "held by a debugger (state t)"})
 
 
 @dataclass(frozen=True)

@@ -394,4 +394,5 @@ class Watchdog:
 
     def diagnose(self, op: str, seq: int, nbytes: int, exc: BaseException) -> CollectiveHangError | None:
         """The hang report for ``exc``, or None (the caller re-raises ``exc``): failure.py's diagnose."""
-        return failure.diagnose(self, op=op, seq=seq, nbytes=nbytes, exc=exc)
+        return failure.diagnose(self, op=op, seq=seq, nbytes=nbytes, exc=exc, period_s=PUBLISH_INTERVAL_S,
+                                verdict_wait_s=VERDICT_WAIT_S)

@@ -1,6 +1,6 @@
 """The run log writer: what `npudist report` reads, appended as JSON lines to RUN_DIR/metrics/rank{R}.jsonl.
 
-The format (kinds, fields, units, version, path) is defined once in npudist.runlog_schema, which the report
+The format (kinds, fields, units, version, path) is defined once in npudist.telemetry.runlog_schema, which the report
 reads with; this module only builds records from training state and writes them. One file per rank, opened
 in append mode so a resumed run adds a new ``start`` record and carries on in the same file.
 
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from npudist import runlog_schema as schema
+from npudist.telemetry import runlog_schema as schema
 from npudist.diagnosis.straggler.phases import PHASES, window_phases
 from npudist.diagnosis.straggler.skew import SkewReport
-from npudist.runlog_schema import rank_file
+from npudist.telemetry.runlog_schema import rank_file
 from npudist.runtime.state import current
 from npudist.telemetry.exposition.node_label import node_name
 from npudist.telemetry.exposition.run_label import run_id

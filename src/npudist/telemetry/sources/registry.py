@@ -25,7 +25,7 @@ def resolve_name(name: str) -> str:
     """``auto`` -> the detected accelerator's telemetry source; other names pass through."""
     if name != "auto":
         return name
-    from npudist import backend_guard
+    from npudist.accelerators import backend_guard
     from npudist.accelerators import VENDORS, accelerator
 
     broken = backend_guard.from_env()

@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Sequence
 
 from npudist.telemetry.sources.readings import SourceError
-from npudist.toolrun import ToolOutputTooLarge, run_tool
+from npudist.runtime.toolrun import ToolOutputTooLarge, run_tool
 
 
 def call_tool(binary: str, args: Sequence[str], timeout: float, install_hint: str) -> str:
