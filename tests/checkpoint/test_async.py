@@ -10,7 +10,7 @@ import torch.distributed as dist
 import npudist
 from npudist import checkpoint
 from npudist.checkpoint import store
-from npudist.checkpoint.writer import writer
+from npudist.checkpoint.writer import SlowDisk, writer
 from npudist.runtime import compat
 from npudist.telemetry.exposition.collector_health import CollectorHealth
 from npudist.telemetry.job.checkpoint_metrics import CheckpointCollector
@@ -25,7 +25,7 @@ def settled():
 
 
 def _slow(monkeypatch, seconds: float) -> None:
-    monkeypatch.setenv(store.TEST_DELAY_VAR, str(seconds))
+    monkeypatch.setattr(writer(), "slow_disk", SlowDisk(background_s=seconds))
 
 
 def test_the_copy_is_taken_before_save_returns(tmp_path, monkeypatch):
@@ -62,7 +62,7 @@ def test_a_background_failure_is_raised_by_the_next_save_and_keeps_the_previous(
     checkpoint.save({"w": torch.ones(3)}, tmp_path, 5, async_save=True).wait()
     before_bytes = (tmp_path / "step-00000005" / "state.pt").read_bytes()
     failures = checkpoint.stats().failures
-    monkeypatch.setattr(store.torch, "save", _failing_save(err))
+    monkeypatch.setattr(torch, "save", _failing_save(err))
     handle = checkpoint.save({"w": torch.zeros(3)}, tmp_path, 6, async_save=True)  # returns: the write is later
     handle._join()
     monkeypatch.undo()
@@ -85,7 +85,7 @@ def test_shutdown_waits_for_the_last_write_and_raises_its_failure(tmp_path, monk
     npudist.shutdown()  # waits: the checkpoint is there afterwards
     assert checkpoint.list_checkpoints(tmp_path) == [1]
     npudist.init()
-    monkeypatch.setattr(store.torch, "save", _failing_save(errno.ENOSPC))
+    monkeypatch.setattr(torch, "save", _failing_save(errno.ENOSPC))
     checkpoint.save({"w": torch.ones(3)}, tmp_path, 2, async_save=True)
     with pytest.raises(checkpoint.CheckpointError, match="step 2: no space left"):
         npudist.shutdown()
@@ -94,7 +94,7 @@ def test_shutdown_waits_for_the_last_write_and_raises_its_failure(tmp_path, monk
 
 
 def test_handle_wait_raises_the_error_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(store.torch, "save", _failing_save(errno.ENOSPC))
+    monkeypatch.setattr(torch, "save", _failing_save(errno.ENOSPC))
     handle = checkpoint.save({"w": torch.ones(3)}, tmp_path, 1, async_save=True)
     with pytest.raises(checkpoint.CheckpointError, match="no earlier checkpoint exists"):
         handle.wait()
@@ -146,3 +146,17 @@ def test_a_normal_exit_without_shutdown_waits_for_the_last_write(tmp_path):
     done = run_py(["-c", script, str(tmp_path)], env=child_env({store.TEST_DELAY_VAR: "0.5"}), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert checkpoint.list_checkpoints(tmp_path) == [4] and checkpoint.load_latest(tmp_path)[1] == 4
+
+
+def test_save_reads_no_test_variable_the_writer_holds_the_slow_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv(store.TEST_DELAY_VAR, "60")  # set after this process's writer was made: not read
+    handle = checkpoint.save({"w": torch.ones(4)}, tmp_path, 1, async_save=True)
+    assert handle.wait(timeout=20) == tmp_path / "step-00000001"
+
+
+def test_a_launched_process_reads_the_slow_disk_once_from_its_environment():
+    env = {store.TEST_DELAY_VAR: " 0.5 ", store.SYNC_DELAY_VAR: "2"}
+    assert SlowDisk.from_env(env) == SlowDisk(background_s=0.5, sync_s=2.0)
+    assert SlowDisk.from_env({}) == SlowDisk()
+    with pytest.raises(ValueError, match="NPUDIST_TEST_CHECKPOINT_DELAY_S='slow' is not a number of seconds"):
+        SlowDisk.from_env({store.TEST_DELAY_VAR: "slow"})

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from npudist import checkpoint
-from npudist.checkpoint import store
+from npudist.checkpoint import atomic, store
 from npudist.checkpoint.layout import verify
 from npudist.checkpoint.writer import writer
 from tests.conftest import REPO, child_env
@@ -101,7 +101,7 @@ def test_without_rename_exchange_a_replace_that_dies_midway_is_put_back(tmp_path
     def no_exchange(a, b):
         raise OSError(errno.EINVAL, "not supported here")
 
-    monkeypatch.setattr(store, "_exchange", no_exchange)
+    monkeypatch.setattr(atomic, "exchange", no_exchange)
     monkeypatch.setattr(store.os, "rename", _crash_after(os.rename, lambda src, dst: os.path.basename(src)
                                                          .startswith(".old-")
                                                          or os.path.basename(dst).startswith(".old-")))
@@ -113,7 +113,7 @@ def test_without_rename_exchange_a_replace_that_dies_midway_is_put_back(tmp_path
     assert checkpoint.list_checkpoints(tmp_path) == [6, 5] and not list(tmp_path.glob(".*"))
     assert verify(tmp_path / "step-00000005")[1] is None
     # ...and without a crash, the fallback replaces the step whole.
-    monkeypatch.setattr(store, "_exchange", no_exchange)
+    monkeypatch.setattr(atomic, "exchange", no_exchange)
     checkpoint.save({"w": torch.full((2,), 7.0)}, tmp_path, 6, keep=2)
     assert _w(tmp_path) == (6, [7.0, 7.0]) and not list(tmp_path.glob(".*"))
 

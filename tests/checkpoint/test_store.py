@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from npudist import checkpoint
-from npudist.checkpoint import store
 from npudist.checkpoint.layout import parse_step, step_dir_name, verify
 from npudist.runtime import compat
 
@@ -110,7 +109,7 @@ def _failing_save(err: int):
 def test_write_failure_is_clear_and_previous_checkpoint_intact(tmp_path, monkeypatch, err, text):
     checkpoint.save({"w": torch.ones(3)}, tmp_path, 5)
     before = (tmp_path / "step-00000005" / "state.pt").read_bytes()
-    monkeypatch.setattr(store.torch, "save", _failing_save(err))
+    monkeypatch.setattr(torch, "save", _failing_save(err))
     with pytest.raises(checkpoint.CheckpointError) as caught:
         checkpoint.save({"w": torch.zeros(3)}, tmp_path, 6)
     message = str(caught.value)
