@@ -63,6 +63,8 @@ class Variant:
     checkpoint: bool = False
     world: int = 1
     """2: a second rank runs beside the measured one, without valgrind (the scaling by 1/world is real)."""
+    sentinel: str = "loss"
+    """NPUDIST_SENTINEL: the NaN sentinel is on (loss) in every npudist variant unless a variant says off/scan."""
 
     @property
     def periodic(self) -> bool:
@@ -73,6 +75,9 @@ VARIANTS = (
     Variant("ddp", "plain DistributedDataParallel", "ddp", wrap="plain"),
     Variant("ddp_minhook", "plain DDP + the least a Python hook can do", "ddp", wrap="minhook"),
     Variant("npudist_ddp", "npudist.ddp(model)", "ddp"),
+    Variant("npudist_ddp_nosentinel", "npudist.ddp(model), NaN sentinel off", "ddp", sentinel="off"),
+    Variant("npudist_ddp_scan", "npudist.ddp(model), NaN sentinel scanning every bucket", "npudist_ddp",
+            sentinel="scan"),
     Variant("ddp_w2", "plain DDP, world of 2 (rank 0 counted)", "ddp_w2", wrap="plain", world=2),
     Variant("npudist_ddp_w2", "npudist.ddp(model), world of 2 (rank 0 counted)", "ddp_w2", world=2),
     Variant("timer", "npudist.ddp + step timer (exchange every 20, operator sampling)", "npudist_ddp", timer=True),
@@ -83,6 +88,8 @@ VARIANTS = (
             wrap="plain", bucket_cap_mb=0.05),
     Variant("lm_npudist_small", "example's TinyLM, npudist.ddp, 0.05 MB buckets", "lm_ddp_small", model="lm",
             bucket_cap_mb=0.05),
+    Variant("lm_npudist_small_scan", "example's TinyLM, npudist.ddp, 0.05 MB buckets, sentinel scan",
+            "lm_npudist_small", model="lm", bucket_cap_mb=0.05, sentinel="scan"),
     Variant("lm_ddp_25mb", "example's TinyLM, plain DDP, 25 MB buckets", "lm_ddp_25mb", model="lm",
             wrap="plain", bucket_cap_mb=25),
     Variant("lm_npudist_25mb", "example's TinyLM, npudist.ddp, 25 MB buckets", "lm_ddp_25mb", model="lm",
@@ -158,6 +165,7 @@ def child(v: Variant, steps: int, warmup: int, build_dir: Path, run_dir: Path, c
     cg = _helper(build_dir) if counted else None
     if v.serve:
         os.environ["NPUDIST_METRICS_PORT"] = "0"  # any free port, on 127.0.0.1
+    os.environ["NPUDIST_SENTINEL"] = v.sentinel
     ctx = npudist.init()
     model, (x, y) = _model(v)
     # No per-step buffer broadcast (the example's setting: its only buffer is a constant mask).
@@ -328,6 +336,8 @@ BUDGET_PER_BUCKET = 10_000
 """npudist.ddp against plain DDP, both under npudist.init() (so the process-group watch counts both's buckets;
 its own cost is benchmarks/pg_watch_cost.py's): issue 42's budget."""
 BUDGET_TIMER = 0.01
+BUDGET_SCAN = 0.01
+"""The sentinel's opt-in scan of every bucket: <= 1 % of the example's step (issue 44)."""
 
 
 def budgets(results: list[Result]) -> list[tuple[str, bool | None, str]]:
@@ -342,6 +352,16 @@ def budgets(results: list[Result]) -> list[tuple[str, bool | None, str]]:
             out.append((f"{name}: <= {BUDGET_RATIO}x {base}", ratio <= BUDGET_RATIO, f"{ratio:.4f}x"))
             out.append((f"{name}: <= {BUDGET_PER_BUCKET // 1000} k added per bucket",
                         per_bucket <= BUDGET_PER_BUCKET, f"{per_bucket / 1e3:+.1f} k x {r.buckets} buckets"))
+    for name, what in (("npudist_ddp", "NaN sentinel (loss check, flag in the last bucket)"),
+                       ("npudist_ddp_scan", "NaN sentinel scan mode (every bucket checked)")):
+        if {name, "npudist_ddp_nosentinel", "ddp"} <= by.keys():
+            added = by[name].typical - by["npudist_ddp_nosentinel"].typical
+            out.append((f"{what}: added per step (reported)", None,
+                        f"{added / 1e3:+.1f} k = {added / by['ddp'].typical * 100:+.3f} % of plain DDP's step"))
+    if {"lm_npudist_small_scan", "lm_npudist_small"} <= by.keys():
+        share = by["lm_npudist_small_scan"].typical / by["lm_npudist_small"].typical - 1
+        out.append(("NaN sentinel scan on the example's TinyLM: <= 1 % of its step", share <= BUDGET_SCAN,
+                    f"{share * 100:+.2f} %"))
     if {"timer", "npudist_ddp", "ddp"} <= by.keys():
         share = (by["timer"].typical - by["npudist_ddp"].typical) / by["ddp"].typical
         out.append(("step timer, off-exchange step: <= 1 % of plain DDP's step", share <= BUDGET_TIMER,

@@ -147,9 +147,12 @@ class Sentinel:
         if flagged:
             self.stop(step)
         self.skips.stepped()
-        loss, self._loss = self._loss, None
+        loss, self._loss, known = self._loss, None, self.fold.root_value
+        self.fold.root_value = None
         if loss is not None and loss[0].numel() == 1:
-            line = self.spike.check(step, float(loss[0].detach().float().reshape(())), self.ctx.rank)
+            # The root's value where the fold read it (no GradScaler: the root is the loss), else one read.
+            value = known if known is not None and loss[0] is loss[1] else loss[0].item()
+            line = self.spike.check(step, value, self.ctx.rank)
             if line is not None:
                 self.write(line)
 
