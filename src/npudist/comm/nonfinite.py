@@ -155,6 +155,8 @@ def first_nan(state: Any, prefix: str = "") -> str | None:
     """The name of the first floating tensor in ``state`` (nested dicts and lists, as a checkpoint holds)
     that contains NaN, else None. NaN only: an attention mask buffer may hold -inf by design."""
     if isinstance(state, torch.Tensor):
+        if hasattr(state, "to_local"):  # a DTensor shard: this rank's part (a reduction over it would communicate)
+            state = state.to_local()
         if state.is_floating_point() and bool(torch.isnan(state).any()):
             return prefix or "tensor"
         return None
