@@ -20,8 +20,10 @@ from tests.process_guard import (  # noqa: F401  pytest finds hooks by name in t
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_fixture_setup,
+    pytest_report_teststatus,
     pytest_runtest_call,
     pytest_runtest_setup,
+    pytest_terminal_summary,
 )
 
 REPO = Path(__file__).resolve().parent.parent

@@ -50,6 +50,7 @@ _SUGGEST: list[tuple[tuple[str, ...], str]] = [
     (("--nproc-per-node", "--nproc", "--nnodes", "torchrun", "torch.distributed.run", "mpirun"), "ranks"),
 ]
 
+_TIER_TIME = pytest.StashKey[dict]()  # tier -> [seconds, tests]: the time summary at the end of a session
 _FIXTURES = pytest.StashKey[dict]()  # id of each FixtureDef seen starting a process: (what, suggested marker)
 _SETTING_UP = pytest.StashKey[list]()  # the FixtureDefs being set up, innermost last
 
@@ -138,6 +139,30 @@ def _process_fixture(item: pytest.Item) -> tuple[str, str, str] | None:
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_FIXTURES] = {}
     config.stash[_SETTING_UP] = []
+    config.stash[_TIER_TIME] = {}
+
+
+def tier_of(keywords: Mapping[str, object]) -> str:
+    """The tier a test ran in, from its report's keywords (they carry its markers, also across xdist)."""
+    return next((m for m in PROCESS_MARKERS if m in keywords), "slow" if "slow" in keywords else "no process")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_teststatus(report, config):
+    """Add each phase's duration to its tier (the controller sees every worker's reports here)."""
+    if isinstance(report, pytest.TestReport):
+        entry = config.stash[_TIER_TIME].setdefault(tier_of(report.keywords), [0.0, 0])
+        entry[0] += report.duration
+        entry[1] += report.when == "call"
+    return (yield)
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """Seconds per tier, beside --durations: CI time is a budget, and this says which tier spends it."""
+    times = config.stash[_TIER_TIME]
+    if times:
+        parts = [f"{tier} {seconds:.1f} s ({n} tests)" for tier, (seconds, n) in sorted(times.items())]
+        terminalreporter.write_line("test time by tier (setup + call + teardown): " + ", ".join(parts))
 
 
 @pytest.hookimpl(tryfirst=True)  # before the -m deselection of _pytest.mark

@@ -5,6 +5,7 @@ wraps like the real ones, so these tests start no process themselves and stay in
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -168,6 +169,34 @@ def test_an_inner_session_leaves_the_starters_as_it_found_them(pytester):
     _run(pytester, "def test_nothing():\n    pass\n").assert_outcomes(passed=1)
     assert (os.fork, subprocess.Popen._execute_child) == before
     assert not hasattr(os.fork.__wrapped__, "__wrapped__")
+
+
+def test_the_summary_adds_up_the_time_of_each_tier(pytester):
+    result = _run(pytester, """
+        import time
+        import pytest
+
+        @pytest.mark.ranks
+        def test_ranks():
+            time.sleep(0.3)
+
+        @pytest.mark.subprocess
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_tool(n):
+            time.sleep(0.2)
+
+        def test_quick():
+            pass
+    """)
+    result.assert_outcomes(passed=4)
+    line = [x for x in result.outlines if x.startswith("test time by tier")]
+    assert len(line) == 1, result.outlines
+    tiers = {tier: (float(s), int(n)) for tier, s, n in re.findall(r"([a-z ]+) ([\d.]+) s \((\d+) tests\)", line[0])}
+    assert {tier.strip(", ") for tier in tiers} == {"no process", "ranks", "subprocess"}, line[0]
+    seconds = {tier.strip(", "): value for tier, value in tiers.items()}
+    assert seconds["ranks"][1] == 1 and 0.3 <= seconds["ranks"][0] < 5
+    assert seconds["subprocess"][1] == 2 and 0.4 <= seconds["subprocess"][0] < 5  # both parameters, summed
+    assert seconds["no process"][1] == 1 and seconds["no process"][0] < 0.3
 
 
 @pytest.mark.parametrize(("argv", "env", "want"), [
