@@ -113,11 +113,16 @@ def _guarded(item: pytest.Item) -> Iterator[list[str]]:
                 pytest.fail(violations[-1], pytrace=False)
             return original(*args, **kwargs)
         starter.__wrapped__ = original
+        starter.process_guard = True
         return starter
 
     saved = [(owner, name, getattr(owner, name)) for owner, name in STARTERS if hasattr(owner, name)]
-    for owner, name, original in saved:
-        setattr(owner, name, wrap(owner, name, original))
+    for owner, name, current in saved:
+        # Call through to the real starter, never to another guard's wrapper: an outer session's (pytester)
+        # or one a test's monkeypatch captured and put back at teardown, with another test's markers.
+        while getattr(current, "process_guard", False):
+            current = current.__wrapped__
+        setattr(owner, name, wrap(owner, name, current))
     try:
         yield violations
     finally:

@@ -199,6 +199,25 @@ def test_the_summary_adds_up_the_time_of_each_tier(pytester):
     assert seconds["no process"][1] == 1 and seconds["no process"][0] < 0.3
 
 
+def test_a_wrapper_left_behind_by_a_monkeypatch_never_judges_a_later_test(pytester):
+    result = _run(pytester, """
+        import pytest
+        from conftest import standin
+
+        def test_patches_a_starter(monkeypatch):
+            monkeypatch.setattr(standin, "spawn", standin.spawn)  # undone at teardown: puts this test's wrapper back
+
+        @pytest.mark.subprocess
+        def test_marked_later():
+            standin.spawn("tool")
+
+        def test_unmarked_later():
+            standin.spawn("tool")
+    """)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*test_unmarked_later started a process without a marker*"])
+
+
 @pytest.mark.parametrize(("argv", "env", "want"), [
     (["ip", "netns", "exec", "n1", "python"], None, "cluster"),
     (["python", "-m", "npudist", "launch", "--nproc-per-node", "2", "examples/train_ddp.py"], None, "e2e"),
