@@ -65,13 +65,15 @@ del big, view
 r["freed_delta"] = torch.npu.memory_allocated() - base
 r["reserved_at_least_allocated"] = torch.npu.memory_reserved() >= torch.npu.memory_allocated()
 
-# One device per process, like ASCEND_RT_VISIBLE_DEVICES=<local rank>.
+# The host's chips, as a process without ASCEND_RT_VISIBLE_DEVICES sees them.
 r["device_count"] = torch.npu.device_count()
-try:
-    torch.npu.set_device(1)
-    r["set_device_1"] = None
-except RuntimeError as exc:
-    r["set_device_1"] = str(exc)
+for index in (1, 8):
+    try:
+        torch.npu.set_device(index)
+        r[f"set_device_{index}"] = None
+    except RuntimeError as exc:
+        r[f"set_device_{index}"] = str(exc)
+torch.npu.set_device(0)
 start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
 start.record()
 torch.npu.current_stream().synchronize()

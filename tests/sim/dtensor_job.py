@@ -31,10 +31,24 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     local = int(os.environ["LOCAL_RANK"])
     dev = torch.device("npu", local)
+    torch.npu.set_device(local)
     dist.init_process_group(backend="hccl", device_id=dev)
     rank, world = dist.get_rank(), dist.get_world_size()
     r: dict = {"backend_for_npu": dist.group.WORLD._get_backend(dev).name(),
                "backend_for_cpu": refusal(lambda: dist.group.WORLD._get_backend(torch.device("cpu")))}
+    from npudist.sim import guard
+
+    # every npu:i a chip of its own (where the simulation's C++ device guard is built)
+    r["separate_chips"] = [guard.available(), guard.REASON]
+    r["device_count"] = torch.npu.device_count()
+    r["current_device"] = [torch.npu.current_device(), str(torch.ones(1, device="npu").device)]
+    other = torch.device("npu", (local + 1) % torch.npu.device_count())
+    r["mixed_op"] = refusal(lambda: torch.ones(2, device=dev) + torch.ones(2, device=other))
+    # HCCL's own fault case: a reduce_scatter whose output is on this rank's chip and inputs on the next one
+    r["cross_device_reduce_scatter"] = refusal(lambda: dist.reduce_scatter(
+        torch.empty(2, device=dev), [torch.ones(2, device=other) for _ in range(world)]))
+    moved = torch.ones(2, device=dev).to(other)
+    r["copy_between_chips"] = [str(moved.device), moved.to("cpu").tolist()]
     mesh = init_device_mesh("npu", (world,), mesh_dim_names=("dp",))
     r["mesh"] = [mesh.device_type, list(mesh.mesh_dim_names), dist.get_process_group_ranks(mesh["dp"].get_group())]
 

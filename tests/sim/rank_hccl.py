@@ -71,7 +71,7 @@ def main() -> None:
         torch.zeros(1, dtype=torch.bool, device=dev), torch.ones(world, dtype=torch.bool, device=dev)))
     b = torch.full((100,), float(rank + 1), dtype=torch.bfloat16, device=dev)
     npudist.all_reduce(b)  # npudist adapts to the active row: cast, pad
-    # device type: every simulated tensor is on npu:0 whatever index made it (sim/device.py)
+    # device type: the tensor is on this rank's device (npu:0 for all without the C++ guard: sim/guard.py)
     r["npudist_bf16_ok"] = b.device.type == dev.type and bool((b.cpu().float() == sum(range(1, world + 1))).all())
     before = SIM.counts.calls["all_reduce"]
     lock = checkpoint.lock_run_dir(str(run_dir))  # broadcasts its outcome

@@ -15,6 +15,7 @@ from npudist.sim import autoload
 from npudist.sim.state import SIM
 from npudist.sim.transfer import to_npu
 from tests.conftest import child_env, free_port, run_npudist, run_py
+from tests.sim import chips
 
 needs_sim = pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
 # torch/__init__.py calls the torch.backends entry points from torch 2.5 (_import_device_backends)
@@ -151,7 +152,8 @@ def test_a_cuda_ddp_script_ported_with_transfer_to_npu_trains_unchanged_on_two_r
     ranks = _results(proc.stdout)
     assert sorted(ranks) == [0, 1]
     for rank, r in ranks.items():
-        assert (r["backend"], r["device"], r["on"]) == ("hccl", "npu:0", "npu:0")  # nccl and "cuda" mapped
+        # nccl and "cuda" mapped; the device is the rank's own chip (tests/sim/chips.py)
+        assert (r["backend"], r["device"], r["on"]) == ("hccl", chips.device(rank), chips.device(rank))
         assert r["is_cuda"]  # Tensor.is_cuda is Tensor.is_npu after the port, as on Ascend
         assert r["all_reduce"] == [3.0] * 4
         assert r["autocast_dtypes"] == ["torch.float16"]  # torch.cuda.amp became torch_npu's amp
@@ -175,8 +177,8 @@ def test_a_torch_npu_test_style_script_runs_through_the_entry_point_alone():
     ranks = _results(proc.stdout)
     assert sorted(ranks) == [0, 1]
     for rank, r in ranks.items():
-        assert r["all_reduce"] == 2 and r["device"] == "npu:0" and r["current_device"] == rank
+        assert r["all_reduce"] == 2 and r["device"] == chips.device(rank) and r["current_device"] == rank
         assert r["avg"] == [1.5] * 8 and r["avg_dtype"] == "torch.bfloat16"  # AVG on the default hccl row
-        assert (r["accelerator"], r["accelerator_count"], r["npu_count"]) == ("npu", 2, 2)
+        assert (r["accelerator"], r["accelerator_count"], r["npu_count"]) == ("npu", 8, 8)  # the host's chips
         assert r["torch_npu_loaded"]
         assert r["last"] < 0.01 * r["first"]

@@ -13,6 +13,7 @@ import pytest
 
 from npudist.runtime import compat
 from tests.conftest import child_env, run_npudist
+from tests.sim import chips
 
 # Each job starts real ranks whose every op goes through Python dispatch: minutes on a loaded CI host.
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200),
@@ -80,7 +81,7 @@ def test_a_torch_npu_script_trains_unchanged_under_simulate():
     results = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert sorted(r["rank"] for r in results) == [0, 1]
     for r in results:
-        assert r["device"] == "npu:0" and r["backend"] == "hccl"
+        assert r["device"] == chips.device(r["rank"]) and r["backend"] == "hccl"
         assert r["torch_npu"].endswith("+npudist.sim")
         assert r["last"] < 0.2 * r["first"]
         assert r["memory_allocated"] > 0
@@ -124,7 +125,7 @@ def test_an_ascend_style_script_with_local_rank_devices_and_object_collectives_t
     assert sorted(results) == [0, 1]
     for rank, r in results.items():
         assert r["local_rank"] == rank and r["current_device"] == rank
-        assert r["device_count"] == 2  # the chips a rank of a 2-rank node sees
+        assert r["device_count"] == 8  # the chips of the simulated host, as a rank of a real one sees them
         assert r["config"] == {"lr": 0.05, "steps": 20, "seed": 0}  # broadcast_object_list from rank 0
         assert r["all_reduce"] == 2.0
         assert r["all_gather_object"] == [{"rank": 0, "last": results[0]["last"]},

@@ -50,7 +50,7 @@ def install(mode: str = "npu", chips: int = 8) -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     from npudist.comm.constraints import PROFILES
-    from npudist.sim import autocast, hccl, host_memory, serialization
+    from npudist.sim import autocast, guard, hccl, host_memory, serialization
     from npudist.sim.device import SimDeviceModule
     from npudist.sim.state import SIM
     from npudist.sim.tensor import DEVICE_TYPE, register_allocation_kernels
@@ -64,6 +64,9 @@ def install(mode: str = "npu", chips: int = 8) -> None:
     if taken not in ("privateuseone", DEVICE_TYPE) or hasattr(torch, DEVICE_TYPE):
         raise SimulationError(f"the PrivateUse1 device slot is already taken ({taken!r}, torch.{DEVICE_TYPE} "
                               "exists): is the real torch_npu loaded? Simulate in a process without it.")
+    SIM.chips = chips
+    # The C++ guard first, where it builds: torch's Python guard only registers where none is (sim/guard.py).
+    guard.load(chips)
     _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=SimDeviceModule(chips))
     SIM.library = torch.library.Library("aten", "IMPL")
     register_allocation_kernels(SIM.library)

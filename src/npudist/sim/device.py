@@ -1,13 +1,14 @@
 """``torch.npu`` of the simulated NPU: the device calls npudist, DDP and torch_npu scripts make.
 
-A process sees the chips a rank on a real host sees: ``device_count()`` is the length of
-``ASCEND_RT_VISIBLE_DEVICES`` when set, else the ranks of this node (LOCAL_WORLD_SIZE), so a script
-written the way Ascend's examples are (``torch.npu.set_device(local_rank)``, ``device_ids=[local_rank]``,
-``f"npu:{local_rank}"``) runs unchanged. What stays different: torch's Python device guard reports one
-device (torch/csrc/acc/Module.cpp, ``PythonDeviceGuard::deviceCount`` returns 1) and autograd's engine
-asserts on an index it has no queue for, so every simulated tensor lives on ``npu:0`` whatever index
-made it; ``current_device()`` returns the index set, and ``npu:<i>`` for any visible ``i`` names this
-process's one chip (``physical_chip``), as ``set_device(local_rank)`` does on a real host.
+A process sees the chips a process on a real host sees: ``device_count()`` is the length of
+``ASCEND_RT_VISIBLE_DEVICES`` when set, else the host's chips (8, an Atlas 800T A2), so a script written the
+way Ascend's examples are (``torch.npu.set_device(local_rank)``, ``device_ids=[local_rank]``,
+``f"npu:{local_rank}"``) runs unchanged. With the simulation's C++ device guard (guard.py) each ``npu:i`` is a
+device of its own: tensors carry their index, ``set_device`` moves the current device, and an op or a collective
+mixing two devices fails as it does on the chip. Without it (no compiler), torch's Python device guard reports
+one device (torch/csrc/acc/Module.cpp, ``PythonDeviceGuard::deviceCount`` returns 1) and autograd's engine
+asserts on an index it has no queue for, so every simulated tensor lives on ``npu:0`` whatever index made it;
+``current_device()`` then returns the index set.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from npudist.sim import guard
 from npudist.sim.state import SIM
 from npudist.sim.tensor import DEVICE_TYPE
 
@@ -139,13 +141,14 @@ def _index(device: Any) -> int:
     return int(device)
 
 
-def visible_count(env: Mapping[str, str] | None = None) -> int:
-    """The devices ``torch.npu.device_count()`` reports: the visible list, else this node's ranks."""
+def visible_count(env: Mapping[str, str] | None = None, chips: int | None = None) -> int:
+    """The devices ``torch.npu.device_count()`` reports: the visible list, else every chip of the host
+    (``chips``: the installed simulation's, NPUDIST_SIM_CHIPS, 8 by default), as the CANN runtime reports."""
     env = os.environ if env is None else env
     listed = [c for c in env.get(VISIBLE_VAR, "").split(",") if c.strip()]
     if listed:
         return len(listed)
-    return max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return SIM.chips if chips is None else chips
 
 
 def _check(index: int) -> int:
@@ -240,7 +243,7 @@ class SimDeviceModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         # Only reached for names neither the instance nor the class has.
         if name == "_lazy_init":
-            return lambda: None
+            return SIM.initialize
         if name in TORCH_NPU_NAMES:
             raise NotSimulated(f"torch.npu.{name}")
         raise AttributeError(f"module 'torch.npu' has no attribute '{name}'")
@@ -253,7 +256,11 @@ class SimDeviceModule(types.ModuleType):
         return True
 
     def is_initialized(self) -> bool:
-        return True
+        # As torch_npu's (and torch.cuda's): False until a device is set or a tensor made on one. DeviceMesh
+        # reads it to decide whether to set the device from LOCAL_RANK (torch/distributed/device_mesh.py).
+        # Without the C++ guard every tensor is on npu:0, and a current device set to LOCAL_RANK would make
+        # FSDP2 refuse them: True then, so DeviceMesh leaves the device alone.
+        return SIM.initialized or not guard.available()
 
     def _is_in_bad_fork(self) -> bool:
         return False
@@ -263,9 +270,11 @@ class SimDeviceModule(types.ModuleType):
 
     def set_device(self, device: Any) -> None:
         self._current = _check(_index(device))
+        guard.set_current(self._current)
+        SIM.initialize()
 
     def current_device(self) -> int:
-        return self._current
+        return guard.current() if guard.available() else self._current
 
     def get_device_name(self, device: Any = None) -> str:
         _check(_index(device))
@@ -435,9 +444,15 @@ class SimDeviceModule(types.ModuleType):
     def device(self, device: Any) -> Iterator[None]:
         # torch.load(map_location="npu:0") moves storages inside this guard (torch/_utils.py::_to);
         # torch.npu.device(-1), as device_of gives for a host tensor, selects nothing (as torch.cuda.device).
-        if not (isinstance(device, int) and device < 0):
-            _check(_index(device))
-        yield
+        if isinstance(device, int) and device < 0:
+            yield
+            return
+        before = self.current_device()
+        self.set_device(device)
+        try:
+            yield
+        finally:
+            self.set_device(before)
 
 
 SIMULATED = (*sorted(name for name, value in vars(SimDeviceModule).items()

@@ -173,6 +173,16 @@ class SimHcclGroup(dist.ProcessGroup):
             raise
         return out
 
+    def _same_device(self, call: str, tensors: Iterable[torch.Tensor], others: Iterable[torch.Tensor]) -> None:
+        """Each tensor and its counterpart on one device, or torch_npu's refusal (ProcessGroupHCCL.cpp,
+        flatten_for_scatter_gather, which the scatter/gather-shaped collectives go through). Only the C++
+        device guard (sim/guard.py) gives tensors different devices."""
+        for t, other in zip(tensors, others, strict=True):
+            if t.device != other.device:
+                SIM.counts.refused[call] += 1
+                raise RuntimeError("Corresponding input/output tensors to scatter/gather must all reside on the "
+                                   "same device")
+
     def _avg_as_sum(self, opts: Any, outputs: Iterable[torch.Tensor]) -> Any:
         """AVG as torch_npu's ProcessGroupHCCL runs it (getHcclReduceOp: HCCL_REDUCE_SUM, then ``div_(size)``):
         gloo is asked for a sum and ``outputs`` are divided when it is done. Reached only for tensors whose row
@@ -250,6 +260,7 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
+        self._same_device("HcclAllGather", [outs[0] for outs in output_lists], inputs)
         host_in = self._host("HcclAllGather", inputs)
         host_out = [self._host("HcclAllGather", outs) for outs in output_lists]
         SIM.counts.add("all_gather", inputs)
@@ -257,6 +268,7 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
+        self._same_device("HcclAllGather", [output], [input])
         (host_out,) = self._host("HcclAllGather", [output])
         (host_in,) = self._host("HcclAllGather", [input])
         SIM.counts.add("all_gather_into_tensor", [input])
@@ -269,6 +281,7 @@ class SimHcclGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op_name(opts)
+        self._same_device("HcclReduceScatter", outputs, [ins[0] for ins in input_lists])
         host_out = self._host("HcclReduceScatter", outputs, op)
         host_in = [self._host("HcclReduceScatter", ins, op) for ins in input_lists]
         opts = self._avg_as_sum(opts, outputs)
@@ -278,6 +291,7 @@ class SimHcclGroup(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op_name(opts)
+        self._same_device("HcclReduceScatter", [output], [input])
         (host_out,) = self._host("HcclReduceScatter", [output], op)
         (host_in,) = self._host("HcclReduceScatter", [input], op)
         opts = self._avg_as_sum(opts, [output])

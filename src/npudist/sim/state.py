@@ -76,6 +76,10 @@ class SimState:
     counts: Counts = field(default_factory=Counts)
     rng: SimGenerator = field(default_factory=SimGenerator)
     """The simulated NPU's generator (sim/rng.py)."""
+    chips: int = 8
+    initialized: bool = False
+    """A device was set or a tensor made on one (torch.npu.is_initialized)."""
+    """Chips of the simulated host (NPUDIST_SIM_CHIPS): what device_count() reports without a visible list."""
     row: str | None = None
     """The constraint row the simulated ``hccl`` enforces; None until the simulation is installed."""
     library: Any = None
@@ -87,6 +91,10 @@ class SimState:
     autoload_failure: str | None = None
     """Why the ``torch.backends`` entry point could not install the simulation (sim/autoload.py); the entry
     point never raises, so this is where the reason is kept."""
+
+
+    def initialize(self) -> None:
+        self.initialized = True
 
 
 SIM = SimState()

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from npudist.sim import guard
 from npudist.sim.batch_norm import KERNELS as HOST_KERNELS
 from npudist.sim.rng import seeded
 from npudist.sim.state import SIM
@@ -31,26 +32,27 @@ aten = torch.ops.aten
 
 
 class SimTensor(torch.Tensor):
-    """A tensor on ``npu:0`` whose data are the CPU tensor ``elem``."""
+    """A tensor on ``npu:<index>`` whose data are the CPU tensor ``elem`` (index 0 unless the simulation's
+    device guard is built: sim/guard.py)."""
 
     elem: torch.Tensor
     __slots__ = ("elem",)
 
     @staticmethod
-    def __new__(cls, elem: torch.Tensor, requires_grad: bool = False) -> SimTensor:
+    def __new__(cls, elem: torch.Tensor, requires_grad: bool = False, index: int = 0) -> SimTensor:
         if type(elem) is not torch.Tensor or elem.device.type != "cpu":
             raise TypeError(f"a simulated npu tensor holds a plain CPU tensor, got {type(elem).__name__} "
                             f"on {elem.device}")
         r = torch.Tensor._make_wrapper_subclass(
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=f"{DEVICE_TYPE}:0", requires_grad=requires_grad,
+            layout=elem.layout, device=f"{DEVICE_TYPE}:{index}", requires_grad=requires_grad,
         )
         r.elem = elem
         SIM.allocations.track(r, elem)
         return r
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return f"{self.elem!r}".replace("tensor(", "npu_tensor(", 1).rstrip(")") + ", device='npu:0')"
+        return f"{self.elem!r}".replace("tensor(", "npu_tensor(", 1).rstrip(")") + f", device='{self.device}')"
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -77,7 +79,7 @@ class SimTensor(torch.Tensor):
         # torch's default reads a wrapper's storage unless its data_ptr() is 0, which a view with an
         # offset does not satisfy; copy the host tensor instead (views of one storage stay views).
         if id(self) not in memo:
-            new = SimTensor(self.elem.__deepcopy__(memo), requires_grad=self.requires_grad)
+            new = SimTensor(self.elem.__deepcopy__(memo), requires_grad=self.requires_grad, index=self.device.index)
             new.__dict__.update(copy.deepcopy(self.__dict__, memo))
             memo[id(self)] = new
         return memo[id(self)]
@@ -93,16 +95,17 @@ class SimTensor(torch.Tensor):
             # group named in the call, the simulated hccl, which needs them as device tensors; unwrapped, they
             # would reach it as host tensors and be refused as HCCL refuses them.
             return func.redispatch(_DEVICE_KEYS, *args, **kwargs)
+        index = _chip(func, args, kwargs)
         host_kernel = HOST_KERNELS.get(func)
         if host_kernel is not None:  # an op torch has no CPU kernel for (batch_norm.py)
-            return _wrap(host_kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
+            return _wrap(host_kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}), index)
         if _draws_from_device_generator(func, args, kwargs):
             out = SIM.rng.run(lambda: func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}), _numel)
         else:
             out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
         if _written(func):
-            return _in_place_result(func, args, kwargs, out)
-        return _wrap(out)
+            return _in_place_result(func, args, kwargs, out, index)
+        return _wrap(out, index)
 
     def untyped_storage(self) -> torch.UntypedStorage:
         """The host storage: FSDP2 frees and reallocates an unsharded parameter's memory by resizing it
@@ -152,12 +155,46 @@ def _unwrap(x: Any) -> Any:
     return x
 
 
-def _wrap(x: Any) -> Any:
+def _wrap(x: Any, index: int = 0) -> Any:
     if type(x) is torch.Tensor:
-        return SimTensor(x) if x.device.type == "cpu" else x
+        return SimTensor(x, index=index) if x.device.type == "cpu" else x
     if isinstance(x, list | tuple):
-        return type(x)(_wrap(v) for v in x)
+        return type(x)(_wrap(v, index) for v in x)
     return x
+
+
+def _chip(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> int:
+    """The device index of an op's simulated tensors. Tensors on two of them are refused as torch refuses them
+    on a real device, except by the copies between devices (``_SPECIAL``). Always 0 without the C++ guard."""
+    if not guard.available():
+        return 0
+    if func in _BETWEEN_DEVICES:
+        return args[0].device.index if isinstance(args[0], SimTensor) else guard.current()
+    found: int | None = None
+    for value in (*args, *kwargs.values()):
+        for t in (value if isinstance(value, list | tuple) else (value,)):
+            if isinstance(t, SimTensor):
+                index = t.device.index
+                if found is None:
+                    found = index
+                elif index != found:
+                    raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                                       f"devices, {DEVICE_TYPE}:{found} and {DEVICE_TYPE}:{index}! ({func})")
+    return guard.current() if found is None else found
+
+
+_BETWEEN_DEVICES = frozenset({aten.copy_.default})
+"""Ops that take tensors on two devices (a copy); the result is on the first argument's."""
+
+
+def device_index(device: Any) -> int:
+    """The index a tensor made for ``device`` gets: the one named, else the current device (torch_npu's rule).
+    Making one initializes the device, as on torch_npu. Always 0 without the C++ guard."""
+    SIM.initialized = True
+    if not guard.available():
+        return 0
+    index = None if device is None else torch.device(device).index
+    return guard.current() if index is None else index
 
 
 @functools.cache
@@ -167,7 +204,7 @@ def _written(func: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
-def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> Any:
+def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any, index: int = 0) -> Any:
     """An in-place or out= op returns the tensor(s) it wrote: the caller's own wrappers, not new ones.
 
     An op that resized the host tensor (``resize_``, as all_gather_object calls on its byte tensor; an out=
@@ -184,7 +221,7 @@ def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out
         return type(out)(written)
     if isinstance(out, torch.Tensor) and written:
         return written[0]
-    return _wrap(out)
+    return _wrap(out, index)
 
 
 def _follow_resize(func: torch._ops.OpOverload, w: SimTensor) -> None:
@@ -206,8 +243,10 @@ def _to_copy(x: torch.Tensor, *, device: Any = None, **kwargs: Any) -> torch.Ten
     """``.to(device)``: the target decides whether the result is wrapped (npu) or plain (cpu)."""
     source_on_sim = isinstance(x, SimTensor)
     plain = aten._to_copy.default(_unwrap(x), device=torch.device("cpu"), **kwargs)
-    if _target_is_sim(device) or (device is None and source_on_sim):
-        return SimTensor(plain)
+    if _target_is_sim(device):
+        return SimTensor(plain, index=device_index(device))
+    if device is None and source_on_sim:
+        return SimTensor(plain, index=x.device.index)
     return plain
 
 
@@ -253,7 +292,7 @@ class _HostAttention(torch.autograd.Function):
         with torch.enable_grad():
             out = torch.nn.functional.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3], **kwargs)
         ctx.graph = (out, inputs)
-        return SimTensor(out.detach())
+        return SimTensor(out.detach(), index=query.device.index)
 
     @staticmethod
     def backward(ctx, grad):
@@ -262,7 +301,7 @@ class _HostAttention(torch.autograd.Function):
         found = torch.autograd.grad(out, [inputs[i] for i in wanted], _unwrap(grad))
         grads: list[Any] = [None] * len(inputs)
         for i, g in zip(wanted, found, strict=True):
-            grads[i] = SimTensor(g)
+            grads[i] = SimTensor(g, index=grad.device.index)
         return (*grads, None)
 
 
@@ -273,15 +312,16 @@ def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
 
 def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return SimTensor(torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format))
+    return SimTensor(torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format),
+                     index=device_index(device))
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return SimTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout))
+    return SimTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout), index=device_index(device))
 
 
 def _arange(*args: Any, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
-    return SimTensor(torch.arange(*args, dtype=dtype, layout=layout))
+    return SimTensor(torch.arange(*args, dtype=dtype, layout=layout), index=device_index(device))
 
 
 def register_allocation_kernels(lib: torch.library.Library) -> None:
@@ -315,6 +355,7 @@ def on_device(kernel: Callable[..., Any]) -> Callable[..., Any]:
     is how a vendor kernel for ``npu`` is registered and exercised without an NPU."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        return _wrap(kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
+        index = next((a.device.index for a in (*args, *kwargs.values()) if isinstance(a, SimTensor)), 0)
+        return _wrap(kernel(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}), index)
 
     return run

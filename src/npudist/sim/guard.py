@@ -1,0 +1,107 @@
+"""Every ``npu:i`` a chip of its own: the simulated NPU's C++ device guard, built where a compiler exists.
+
+torch's device guard for a PrivateUse1 backend written in Python (torch/csrc/acc/Module.cpp,
+``PythonDeviceGuard``) reports one device and ignores ``setDevice``; autograd's engine, which keeps one ready
+queue per device the guard reports, then fails on any tensor on ``npu:1``. ``guard.cpp`` is the guard a
+vendor's C++ gives: a current device per thread and the host's chip count. It is compiled once per torch
+on the machine (against the headers torch ships, a second or two) and registered before torch's Python guard.
+
+Without a compiler (or when the build fails) the simulation keeps torch's Python guard: every simulated
+tensor is on ``npu:0`` and ``npu:<i>`` names the process's one chip (docs/guide/simulated-npu.md). ``REASON``
+says why the guard is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("guard.cpp")
+BUILD_TIMEOUT_S = 300
+_lib: ctypes.CDLL | None = None
+REASON: str | None = "not built yet"
+
+
+def load(chips: int) -> bool:
+    """Build (once per machine) and register the guard for ``chips`` devices; False, with ``REASON`` set,
+    where it cannot be, so the caller keeps torch's one-device Python guard."""
+    global _lib, REASON
+    if _lib is not None:
+        return True
+    path, REASON = build()
+    if path is None:
+        return False
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.npudist_sim_guard_register.argtypes = [ctypes.c_int]
+        lib.npudist_sim_guard_set.argtypes = [ctypes.c_int]
+        if not lib.npudist_sim_guard_register(chips):
+            REASON = "another device guard for PrivateUse1 was registered first"
+            return False
+    except OSError as exc:
+        REASON = f"the guard did not load: {exc}"
+        return False
+    _lib, REASON = lib, None
+    return True
+
+
+def build() -> tuple[Path | None, str | None]:
+    """The guard's library, built here if need be, without registering it; (None, why not) where it cannot be.
+    Tests ask this to know which behaviour the ranks they start will have."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        return None, "no C++ compiler (c++, g++ or $CXX)"
+    try:
+        return _built(cxx), None
+    except Exception as exc:  # a missing header, a failed build: the one-device fallback, with the reason
+        return None, f"the guard did not build: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _built(cxx: str) -> Path:
+    """One build per torch, C++ ABI and source, under npudist's cache (the process-group watch's: comm/pg_watch.py);
+    the first process builds, the others wait on a lock."""
+    import fcntl
+    import hashlib
+    import subprocess
+
+    import torch
+
+    from npudist.comm.pg_watch import cache_dir
+
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
+    key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__}|{torch.__file__}|{abi}".encode()).hexdigest()
+    path = cache_dir() / "sim_guard" / key[:16] / "libnpudist_sim_guard.so"
+    if path.exists():
+        return path
+    root = Path(torch.__file__).parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return path
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        command = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                   f"-I{root / 'include'}", str(SOURCE), f"-L{root / 'lib'}", "-lc10",
+                   f"-Wl,-rpath,{root / 'lib'}", "-o", str(tmp)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-600:]}")
+        os.replace(tmp, path)
+    return path
+
+
+def available() -> bool:
+    """Whether ``npu:i`` are separate devices in this process."""
+    return _lib is not None
+
+
+def current() -> int:
+    return _lib.npudist_sim_guard_current() if _lib is not None else 0
+
+
+def set_current(index: int) -> None:
+    if _lib is not None:
+        _lib.npudist_sim_guard_set(index)
