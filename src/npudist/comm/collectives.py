@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,6 @@ from npudist.comm import context, handshake, pipeline
 from npudist.comm.buffers import Lease, aligned_empty, pinning_available
 from npudist.comm.flat_gather import all_gather_flat
 from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
-from npudist.comm.recorder import Recorder
 from npudist.runtime import compat
 
 R = dist.ReduceOp
@@ -51,30 +51,38 @@ def _check_tensor(name: str, t: object) -> None:
         raise TypeError(f"{name} expects a dense tensor, got layout {t.layout}; call .to_dense() first")
 
 
+class _Call(NamedTuple):
+    """One collective as its exits account for it (a tuple: built on every call of the adapted paths)."""
+
+    op: str
+    ctx: context.GroupContext
+    start: float
+    """_clock() when the call began."""
+    record: bool = True
+    """False for calls whose caller does its own accounting (all_reduce_many's buckets)."""
+
+
 class Handle:
     """What an async collective returns: ``wait()`` (or the future of ``get_future()``) finishes the
     post-processing and the accounting, exactly once."""
 
-    __slots__ = ("_backend", "_done", "_error", "_finish", "_future", "_kinds", "_nbytes", "_on_done", "_op",
-                 "_record", "_recorder", "_start", "_sync", "_work", "result", "seconds")
+    __slots__ = ("_call", "_done", "_error", "_finish", "_future", "_kinds", "_nbytes", "_on_done", "_record",
+                 "_work", "result", "seconds")
 
-    def __init__(self, work: object | None, finish: Callable[[], None] | None, result: torch.Tensor, op: str,
-                 ctx: context.GroupContext, nbytes: int, kinds: tuple[str, ...], start: float,
-                 record: bool = True) -> None:
-        self._work, self._finish, self.result = work, finish, result
-        self._recorder = ctx.recorder
-        self._record = record and ctx.recorder.enabled
-        self._op, self._backend, self._nbytes = op, ctx.backend, nbytes
-        self._kinds, self._start = kinds, start
-        self._sync = ctx.device_type if ctx.sync_timing else None
+    def __init__(self, call: _Call, result: torch.Tensor, *, work: object | None,
+                 finish: Callable[[], None] | None = None, nbytes: int = 0, kinds: tuple[str, ...] = ()) -> None:
+        self._call, self._work, self._finish, self.result = call, work, finish, result
+        ctx = call.ctx
+        self._record = call.record and ctx.recorder.enabled
+        self._nbytes, self._kinds = nbytes, kinds
         self._done = False
         self._future: torch.futures.Future | None = None
         self._on_done: Callable[[], None] | None = None
         self._error: BaseException | None = None
         self.seconds: float | None = None
         """Issue to completion, once finished (what a DDP step spent on this bucket)."""
-        if record:
-            ctx.recorder.inflight(op, ctx.backend, 1)
+        if call.record:
+            ctx.recorder.inflight(call.op, ctx.backend, 1)
 
     def is_completed(self) -> bool:
         return self._done or self._work is None or bool(self._work.is_completed())
@@ -145,31 +153,34 @@ class Handle:
                 self._finish()
         finally:
             if self._record:
-                self._recorder.inflight(self._op, self._backend, -1)
-        self.seconds = _clock() - self._start
+                self._call.ctx.recorder.inflight(self._call.op, self._call.ctx.backend, -1)
+        self.seconds = _clock() - self._call.start
         if ok and self._record:
-            _record_done(self._recorder, self._op, self._backend, self._nbytes, self._start, self._kinds, self._sync,
-                         shared)
+            _record_done(self._call.ctx, self._call.op, self._nbytes, start=self._call.start, kinds=self._kinds,
+                         shared=shared)
 
 
-def _record_done(recorder: Recorder, op: str, backend: str, nbytes: int, start: float, kinds: tuple[str, ...],
-                 sync: str | None, shared: bool = False) -> None:
-    if sync is not None and sync != "cpu":
-        getattr(torch, sync).synchronize()
-    (recorder.record_shared if shared else recorder.record)(op, backend, nbytes, _clock() - start, kinds)
+def _record_done(ctx: context.GroupContext, op: str, nbytes: int, *, start: float, kinds: tuple[str, ...],
+                 shared: bool = False) -> None:
+    """Account one finished call (``shared``: from a backend thread, where completions can overlap)."""
+    if ctx.sync_timing and ctx.device_type != "cpu":
+        getattr(torch, ctx.device_type).synchronize()
+    recorder = ctx.recorder
+    (recorder.record_shared if shared else recorder.record)(op, ctx.backend, nbytes, _clock() - start, kinds)
 
 
-def _complete(op: str, ctx: context.GroupContext, work: object | None, finish: Callable[[], None] | None,
-              result: torch.Tensor, nbytes: int, kinds: tuple[str, ...], start: float,
-              async_op: bool, record: bool = True) -> torch.Tensor | Handle:
+def _complete(call: _Call, result: torch.Tensor, *, work: object | None = None,
+              finish: Callable[[], None] | None = None, nbytes: int = 0, kinds: tuple[str, ...] = (),
+              async_op: bool = False) -> torch.Tensor | Handle:
+    """Every exit of a collective: ``result`` now (after ``finish``, accounted), or a Handle that does
+    both when ``work`` is waited for."""
     if async_op:
-        return Handle(work, finish, result, op, ctx, nbytes, kinds, start, record)
+        return Handle(call, result, work=work, finish=finish, nbytes=nbytes, kinds=kinds)
     # A synchronous call is finished here; it never counts as in flight.
     if finish is not None:
         finish()
-    if record and ctx.recorder.enabled:
-        _record_done(ctx.recorder, op, ctx.backend, nbytes, start, kinds,
-                     ctx.device_type if ctx.sync_timing else None)
+    if call.record and call.ctx.recorder.enabled:
+        _record_done(call.ctx, call.op, nbytes, start=call.start, kinds=kinds)
     return result
 
 
@@ -205,24 +216,24 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
         # lookup, the call and a few integer adds: it is the whole cost of small one-by-one reductions.
         work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
         if async_op:
-            return Handle(work, None, t, "all_reduce", ctx, t.numel() * t.element_size(), (), start, _record)
+            return Handle(_Call("all_reduce", ctx, start, _record), t, work=work, nbytes=t.numel() * t.element_size())
         if _record and ctx.recorder.enabled:
-            _record_done(ctx.recorder, "all_reduce", ctx.backend, t.numel() * t.element_size(), start, (),
-                         ctx.device_type if ctx.sync_timing else None)
+            _record_done(ctx, "all_reduce", t.numel() * t.element_size(), start=start, kinds=())
         return t
     n = t.numel()
     plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, backend=ctx.backend)
     if ctx.debug:
         _debug("all_reduce", t, group, ctx)
     nbytes = n * t.element_size()
+    call = _Call("all_reduce", ctx, start, _record)
     if n == 0:
-        return _complete("all_reduce", ctx, None, None, t, 0, plan.kinds, start, async_op, _record)
+        return _complete(call, t, kinds=plan.kinds, async_op=async_op)
     native = OPS[plan.native_op]
     world = ctx.world
     if not plan.copy:
         work = dist.all_reduce(t, op=native, group=group, async_op=async_op)
         finish = (lambda: t.div_(world)) if plan.divide else None
-        return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
+        return _complete(call, t, work=work, finish=finish, nbytes=nbytes, kinds=plan.kinds, async_op=async_op)
     lease = _lease(plan, plan.padded_chunk, t.device, ctx)
     buf = lease.tensor
     if pipeline.eligible(plan, t, nbytes, async_op):
@@ -231,7 +242,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
             pipeline.all_reduce_chunked(t, buf, op, native, plan, group, world, unit)
         finally:
             ctx.pool.release(lease)
-        return _complete("all_reduce", ctx, None, None, t, nbytes, plan.kinds, start, False, _record)
+        return _complete(call, t, nbytes=nbytes, kinds=plan.kinds)
     body = buf[:n]
     body.view(t.shape).copy_(t)
     if plan.padded_chunk != n:
@@ -244,7 +255,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
         t.copy_(body.view(t.shape))
         ctx.pool.release(lease)
 
-    return _complete("all_reduce", ctx, work, finish, t, nbytes, plan.kinds, start, async_op, _record)
+    return _complete(call, t, work=work, finish=finish, nbytes=nbytes, kinds=plan.kinds, async_op=async_op)
 
 
 def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
@@ -260,11 +271,12 @@ def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
                      ctx.backend)
     if ctx.debug:
         _debug("broadcast", t, group, ctx)
+    call = _Call("broadcast", ctx, start)
     if n == 0:
-        return _complete("broadcast", ctx, None, None, t, 0, plan.kinds, start, async_op)
+        return _complete(call, t, kinds=plan.kinds, async_op=async_op)
     if not plan.copy:
         work = dist.broadcast(t, src=src, group=group, async_op=async_op)
-        return _complete("broadcast", ctx, work, None, t, nbytes, (), start, async_op)
+        return _complete(call, t, work=work, nbytes=nbytes, async_op=async_op)
     lease = _lease(plan, plan.padded_chunk, t.device, ctx)
     is_src = dist.get_rank() == src
     if is_src:
@@ -276,7 +288,7 @@ def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
             t.copy_(_caller_view(lease.tensor, plan, t))
         ctx.pool.release(lease)
 
-    return _complete("broadcast", ctx, work, finish, t, nbytes, plan.kinds, start, async_op)
+    return _complete(call, t, work=work, finish=finish, nbytes=nbytes, kinds=plan.kinds, async_op=async_op)
 
 
 def _output(numel: int, dtype: torch.dtype, device: torch.device, alignment: int) -> torch.Tensor:
@@ -297,14 +309,15 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
                      ctx.backend)
     if ctx.debug:
         _debug("all_gather", t, group, ctx)
+    call = _Call("all_gather", ctx, start)
     if n == 0:
         out = torch.empty((world, *t.shape), dtype=t.dtype, device=t.device)
-        return _complete("all_gather", ctx, None, None, out, 0, plan.kinds, start, async_op)
+        return _complete(call, out, kinds=plan.kinds, async_op=async_op)
     if not plan.copy:
         flat = _output(world * n, t.dtype, t.device, c.alignment_bytes)
         work = ALL_GATHER(flat, t.reshape(-1), group=group, async_op=async_op)
         out = flat.view(world, *t.shape)
-        return _complete("all_gather", ctx, work, None, out, nbytes, (), start, async_op)
+        return _complete(call, out, work=work, nbytes=nbytes, async_op=async_op)
     per = plan.padded_chunk
     src = _lease(plan, per, t.device, ctx)
     dst = _lease(plan, world * per, t.device, ctx)
@@ -319,7 +332,7 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
         ctx.pool.release(src)
         ctx.pool.release(dst)
 
-    return _complete("all_gather", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)
+    return _complete(call, out, work=work, finish=finish, nbytes=nbytes, kinds=plan.kinds, async_op=async_op)
 
 
 def _gloo_reduce_scatter_unsound(backend: str, op: str) -> bool:
@@ -349,25 +362,26 @@ def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None
     nbytes = n * t.element_size()
     plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, chunks=world,
                        backend=ctx.backend)
+    call = _Call("reduce_scatter", ctx, start)
     if _gloo_reduce_scatter_unsound(ctx.backend, op):
         # All ranks reduce the whole tensor and keep their slice: world times the traffic, right values.
         full = t.detach().clone()
         all_reduce(full, op=op, group=group)
         out = full.reshape(world, rows, *t.shape[1:])[ctx.rank].clone()
-        return _complete("reduce_scatter", ctx, None, None, out, nbytes, plan.kinds, start, async_op)
+        return _complete(call, out, nbytes=nbytes, kinds=plan.kinds, async_op=async_op)
     if ctx.debug:
         _debug("reduce_scatter", t, group, ctx)
     k = plan.chunk
     if n == 0:
         out = torch.empty(out_shape, dtype=t.dtype, device=t.device)
-        return _complete("reduce_scatter", ctx, None, None, out, 0, plan.kinds, start, async_op)
+        return _complete(call, out, kinds=plan.kinds, async_op=async_op)
     native = OPS[plan.native_op]
     if not plan.copy:
         flat = _output(k, t.dtype, t.device, c.alignment_bytes)
         work = REDUCE_SCATTER(flat, t.reshape(-1), op=native, group=group, async_op=async_op)
         finish = (lambda: flat.div_(world)) if plan.divide else None
-        return _complete("reduce_scatter", ctx, work, finish, flat.view(out_shape), nbytes, plan.kinds, start,
-                         async_op)
+        return _complete(call, flat.view(out_shape), work=work, finish=finish, nbytes=nbytes, kinds=plan.kinds,
+                         async_op=async_op)
     kp = plan.padded_chunk
     src = _lease(plan, world * kp, t.device, ctx)
     dst = _lease(plan, kp, t.device, ctx)
@@ -386,4 +400,4 @@ def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None
         ctx.pool.release(src)
         ctx.pool.release(dst)
 
-    return _complete("reduce_scatter", ctx, work, finish, out, nbytes, plan.kinds, start, async_op)
+    return _complete(call, out, work=work, finish=finish, nbytes=nbytes, kinds=plan.kinds, async_op=async_op)

@@ -69,30 +69,32 @@ def plan_reduce(c: Constraints, op: str, dtype: torch.dtype, numel: int, contigu
                 device_type: str, *, chunks: int = 1, backend: str = "") -> Plan:
     """Adaptations for a reduction of ``numel`` elements split into ``chunks`` equal chunks."""
     work, native_op, divide = reduce_dtype(c, op, dtype, backend or c.name)
-    return _finish(c, dtype, work, numel, contiguous, data_ptr, device_type, chunks, native_op, divide,
-                   reinterpret=False)
+    return _finish(c, dtype, work, numel=numel, contiguous=contiguous, data_ptr=data_ptr, device_type=device_type,
+                   chunks=chunks, native_op=native_op, divide=divide)
 
 
 def plan_copy(c: Constraints, dtype: torch.dtype, itemsize: int, numel: int, contiguous: bool, data_ptr: int,
               device_type: str, backend: str = "") -> Plan:
     """Adaptations for moving data (broadcast, all_gather): unsupported dtypes travel as raw bytes."""
     if dtype in c.copy_dtypes:
-        return _finish(c, dtype, dtype, numel, contiguous, data_ptr, device_type, 1, "", False, False)
+        return _finish(c, dtype, dtype, numel=numel, contiguous=contiguous, data_ptr=data_ptr, device_type=device_type)
     if not c.copy_dtypes:
         raise TypeError(f"backend {backend or c.name} (profile {c.name!r}) moves no dtype at all")
     same = [d for d in c.copy_dtypes if _itemsize(d) == itemsize]
     # Same width first (no padding), else the narrowest supported one (least padding).
     work = min(same or c.copy_dtypes, key=lambda d: (_itemsize(d), str(d)))
-    return _finish(c, dtype, work, numel, contiguous, data_ptr, device_type, 1, "", False, True)
+    return _finish(c, dtype, work, numel=numel, contiguous=contiguous, data_ptr=data_ptr, device_type=device_type,
+                   reinterpret=True)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()
 
 
-def _finish(c: Constraints, dtype: torch.dtype, work: torch.dtype, numel: int, contiguous: bool,
-            data_ptr: int, device_type: str, chunks: int, native_op: str, divide: bool,
-            reinterpret: bool) -> Plan:
+def _finish(c: Constraints, dtype: torch.dtype, work: torch.dtype, *, numel: int, contiguous: bool, data_ptr: int,
+            device_type: str, chunks: int = 1, native_op: str = "", divide: bool = False,
+            reinterpret: bool = False) -> Plan:
+    """The Plan of moving a ``dtype`` tensor (its facts as keywords) as ``work`` through the row ``c``."""
     chunk = numel // chunks if chunks else numel
     work_chunk = -(-chunk * _itemsize(dtype) // _itemsize(work)) if reinterpret else chunk
     padded = _round_up(work_chunk, c.element_multiple) if c.element_multiple > 1 else work_chunk
