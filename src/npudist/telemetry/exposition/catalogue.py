@@ -2,208 +2,36 @@
 
 Collectors build their families from these rows (``family()``), so a name, type, help text or label set
 cannot drift between the exporter, the docs/reference/telemetry.md table and dashboard queries. Rows are checked by
-``validate()`` (a test runs it) against Prometheus naming practice: base units, the unit as the
-name's suffix, ``_total`` on counters (https://prometheus.io/docs/practices/naming/).
+``validate()`` (a test runs it) against Prometheus naming practice (metric_def.py). The row type and label
+sets are metric_def.py's, the reliability and network rows reliability_rows.py's; both are served from here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+from npudist.telemetry.exposition import metric_def
+from npudist.telemetry.exposition.metric_def import (
+    BASE_UNITS,
+    DEVICE_LABELS,
+    LINK_LABELS,
+    RANK_LABELS,
+    TYPES,
+    MetricDef,
+    rank_label_values,
+)
+from npudist.telemetry.exposition.reliability_rows import RELIABILITY_ROWS
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-BASE_UNITS = ("seconds", "bytes", "watts", "celsius", "ratio", "hertz", "volts", "amperes", "bytes_per_second",
-              "decibels")
-# decibels: a signal-to-noise ratio as optical modules print it (a logarithmic ratio has no linear base).
-TYPES = ("gauge", "counter", "histogram")
-
-DEVICE_LABELS = ("node", "vendor", "device", "chip", "model")
-# `job` is not exposed by the ranks: Prometheus sets it at scrape time (from the scrape config or the
-# file_sd targets file `npudist launch` writes); an exposed `job` would be renamed to `exported_job`.
-# `device` and `chip` name the physical device the rank computes on with the device metrics' values (npu-smi
-# NPU ID and chip), so queries join a rank to its device on (node, device, chip); empty when unknown.
-# `run` tells two runs of one job apart (run_label.py: NPUDIST_RUN_ID, Slurm job id, rendezvous id, run dir).
-RANK_LABELS = ("rank", "local_rank", "node", "device", "chip", "run")
-# A device's RoCE NIC: `nic` is hccn_tool's -i (the /etc/hccn.conf address_N index), `port` the port where the
-# tool prints one (Ascend 950 tables), else empty.
-LINK_LABELS = (*DEVICE_LABELS, "nic", "port")
-
-
-def rank_label_values(values: Sequence[str]) -> list[str]:
-    """``values`` as a list, refused unless there is one per RANK_LABELS: collectors append their own labels
-    (op, backend) after these, so a short list would silently shift them onto the wrong names."""
-    if len(values) != len(RANK_LABELS):
-        raise ValueError(f"rank label values {list(values)} must be one per {RANK_LABELS}")
-    return [str(v) for v in values]
-
-
-@dataclass(frozen=True)
-class MetricDef:
-    name: str
-    type: str
-    """gauge, counter or histogram (info metrics are gauges ending in ``_info`` with the value 1)."""
-    unit: str
-    """One of BASE_UNITS, or "" for counts, states and identifiers."""
-    help: str
-    labels: tuple[str, ...]
-    """Labels in the order collectors give their values."""
-    source: str
-    """Where the value comes from, for the docs/reference/telemetry.md table."""
-
+__all__ = ["BASE_UNITS", "BY_NAME", "CATALOGUE", "DEVICE_LABELS", "LINK_LABELS", "RANK_LABELS", "RELIABILITY_ROWS",
+           "TYPES", "MetricDef", "family", "markdown_table", "problems", "rank_label_values", "validate"]
 
 _DEV = "device source (npu-smi, rknpu, NVML, cpu)"
 
-_ECC = "npu-smi info -t ecc; NVML ECC counters"
-_HEALTH = "npu-smi info -t health -i N -c C"
-_USAGES = "npu-smi info -t usages"
-_NVML = "NVML (nvidia-ml-py)"
-
-
-def _rel(name: str, type_: str, unit: str, help_: str, source: str, extra: tuple[str, ...] = ()) -> MetricDef:
-    base = LINK_LABELS if name.startswith("npudist_link_") else DEVICE_LABELS
-    return MetricDef(name, type_, unit, help_, (*base, *extra), source)
-
-
-def _hccn(query: str) -> str:
-    return f"hccn_tool -i N -{query} -g"
-
-
-# Reliability and network families (sources/ascend_sweep.py, sources/nvml_reliability.py); each can be
-# switched off by name or by its collector (`npudist exporter --collectors`).
-RELIABILITY_ROWS: tuple[MetricDef, ...] = (
-    _rel("npudist_device_ecc_corrected_errors_total", "counter", "",
-         "Single-bit (corrected) ECC errors since the driver loaded or the GPU reset (NVML volatile).", _ECC,
-         ("memory",)),
-    _rel("npudist_device_ecc_uncorrected_errors_total", "counter", "",
-         "Double-bit (uncorrectable) ECC errors since the driver loaded or the GPU reset (NVML volatile).", _ECC,
-         ("memory",)),
-    _rel("npudist_device_ecc_aggregate_corrected_errors_total", "counter", "",
-         "Single-bit ECC errors over the device's lifetime (survives reboots; NVML aggregate).", _ECC, ("memory",)),
-    _rel("npudist_device_ecc_aggregate_uncorrected_errors_total", "counter", "",
-         "Double-bit ECC errors over the device's lifetime (survives reboots; NVML aggregate).", _ECC, ("memory",)),
-    _rel("npudist_device_memory_retired_pages", "gauge", "",
-         "Memory pages isolated (Ascend) or retired (NVIDIA) by cause: single_bit or double_bit.",
-         "npu-smi info -t ecc; nvmlDeviceGetRetiredPages", ("memory", "cause")),
-    _rel("npudist_device_memory_pending_retirement_pages", "gauge", "",
-         "Pages to be isolated at the next reset (npu-smi Next-Isolated Pages), by cause.", _ECC,
-         ("memory", "cause")),
-    _rel("npudist_device_memory_retirement_pending", "gauge", "",
-         "1 when NVIDIA page retirement waits for a GPU reset.", _NVML),
-    _rel("npudist_device_memory_remapped_rows", "gauge", "",
-         "Rows remapped (A100 and later) by cause: correctable or uncorrectable.", _NVML, ("cause",)),
-    _rel("npudist_device_memory_remap_pending", "gauge", "", "1 when a row remap waits for a GPU reset.", _NVML),
-    _rel("npudist_device_memory_remap_failed", "gauge", "",
-         "1 when a row remap failed: the GPU needs service.", _NVML),
-    _rel("npudist_device_xid_errors_total", "counter", "",
-         "XID errors the driver reported since the exporter started, by XID code.", _NVML, ("xid",)),
-    _rel("npudist_device_clock_throttle_active", "gauge", "",
-         "1 while the clock is held down for this reason (NVML clocks event/throttle reasons).", _NVML,
-         ("reason",)),
-    _rel("npudist_device_alarm_level", "gauge", "",
-         "Chip alarm level from npu-smi -t health: 0 OK, 1 Warning (minor), 2 Alarm (major), 3 Critical. "
-         "The Health column of `npu-smi info` is the MCU's; chip alarms show only here.", _HEALTH),
-    _rel("npudist_device_error_codes", "gauge", "", "Number of error codes the chip reports now.", _HEALTH),
-    _rel("npudist_device_error_code_info", "gauge", "",
-         "1 for each error code the chip reports now (hexadecimal, as npu-smi prints it).", _HEALTH, ("code",)),
-    _rel("npudist_device_aivector_utilization_ratio", "gauge", "ratio", "AI vector unit busy fraction, 0-1.",
-         _USAGES),
-    _rel("npudist_device_aicube_utilization_ratio", "gauge", "ratio",
-         "AI cube (matrix) unit busy fraction, 0-1, where the driver reports it.", _USAGES),
-    _rel("npudist_device_aicpu_utilization_ratio", "gauge", "ratio", "AI CPU busy fraction, 0-1.", _USAGES),
-    _rel("npudist_device_ctrlcpu_utilization_ratio", "gauge", "ratio", "Control CPU busy fraction, 0-1.", _USAGES),
-    _rel("npudist_device_overall_utilization_ratio", "gauge", "ratio",
-         "Whole-NPU busy fraction (npu-smi NPU Utilization), 0-1, where the driver reports it.", _USAGES),
-    _rel("npudist_device_hbm_bandwidth_utilization_ratio", "gauge", "ratio",
-         "Share of HBM bandwidth in use, 0-1.", _USAGES),
-    _rel("npudist_device_ddr_bandwidth_utilization_ratio", "gauge", "ratio",
-         "Share of DDR bandwidth in use, 0-1.", _USAGES),
-    _rel("npudist_link_up", "gauge", "", "1 when the NIC's link is up, 0 when down.", _hccn("link")),
-    _rel("npudist_link_up_events_total", "counter", "", "Link-up transitions since the driver loaded.",
-         _hccn("link_stat")),
-    _rel("npudist_link_down_events_total", "counter", "",
-         "Link-down transitions since the driver loaded (newer drivers print it).", _hccn("link_stat")),
-    _rel("npudist_link_speed_bytes_per_second", "gauge", "bytes_per_second",
-         "Negotiated link speed (the tool prints bits/s; 100000 Mb/s = 1.25e10 bytes/s).", _hccn("speed")),
-    _rel("npudist_link_net_healthy", "gauge", "",
-         "1 when hccn_tool's network health check (a probe of the configured peer) says Success.",
-         _hccn("net_health")),
-    _rel("npudist_link_net_health_info", "gauge", "",
-         "Always 1; the status label is the network health as printed (success, socket_fail, init, fault, ...).",
-         _hccn("net_health"), ("status",)),
-    _rel("npudist_link_info", "gauge", "", "Always 1; labels carry the NIC's IPv4 address and netmask.",
-         _hccn("ip"), ("address", "netmask")),
-    _rel("npudist_link_pause_frames_total", "counter", "", "MAC pause frames by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_pfc_frames_total", "counter", "",
-         "PFC frames over all priorities by direction (a storm shows here first).", _hccn("stat"), ("direction",)),
-    _rel("npudist_link_pfc_priority_frames_total", "counter", "", "PFC frames by direction and priority 0-7.",
-         _hccn("stat"), ("direction", "priority")),
-    _rel("npudist_link_mac_packets_total", "counter", "", "MAC packets by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_mac_bytes_total", "counter", "bytes", "MAC bytes by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_mac_bad_packets_total", "counter", "", "Bad MAC packets by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_mac_bad_bytes_total", "counter", "bytes", "Bytes of bad MAC packets by direction.",
-         _hccn("stat"), ("direction",)),
-    _rel("npudist_link_mac_fcs_errors_total", "counter", "", "Received frames with a bad FCS (checksum).",
-         _hccn("stat")),
-    _rel("npudist_link_roce_packets_total", "counter", "", "RoCE packets by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_roce_rc_packets_total", "counter", "", "RoCE reliable-connection packets by direction.",
-         _hccn("stat"), ("direction",)),
-    _rel("npudist_link_roce_error_packets_total", "counter", "", "Bad RoCE packets by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_roce_cnp_packets_total", "counter", "",
-         "RoCE congestion notification packets (DCQCN) by direction.", _hccn("stat"), ("direction",)),
-    _rel("npudist_link_roce_completions_total", "counter", "", "RoCE completion queue elements.", _hccn("stat")),
-    _rel("npudist_link_roce_retransmits_total", "counter", "",
-         "RoCE packets retransmitted (roce_new_pkt_rty_num): packet loss on the path.", _hccn("stat")),
-    _rel("npudist_link_roce_ecn_marked_packets_total", "counter", "", "RoCE ECN-marked packets.", _hccn("stat")),
-    _rel("npudist_link_roce_verification_errors_total", "counter", "", "RoCE packets failing verification.",
-         _hccn("stat")),
-    _rel("npudist_link_roce_unexpected_acks_total", "counter", "", "Unexpected RoCE ACKs.", _hccn("stat")),
-    _rel("npudist_link_roce_out_of_order_packets_total", "counter", "",
-         "RoCE packets out of order or repeated (PSN errors).", _hccn("stat")),
-    _rel("npudist_link_roce_qp_status_errors_total", "counter", "", "RoCE packets for a queue pair in a bad state.",
-         _hccn("stat")),
-    _rel("npudist_link_nic_packets_total", "counter", "", "NIC packets by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_nic_bytes_total", "counter", "bytes", "NIC bytes by direction.", _hccn("stat"),
-         ("direction",)),
-    _rel("npudist_link_optical_present", "gauge", "", "1 when the tool reports the optical module present.",
-         _hccn("optical")),
-    _rel("npudist_link_optical_temperature_celsius", "gauge", "celsius", "Optical module temperature.",
-         _hccn("optical")),
-    _rel("npudist_link_optical_supply_voltage_volts", "gauge", "volts", "Optical module supply voltage (Vcc).",
-         _hccn("optical")),
-    _rel("npudist_link_optical_tx_power_watts", "gauge", "watts",
-         "Transmit optical power per lane (the tool prints mW; dBm is converted).", _hccn("optical"), ("lane",)),
-    _rel("npudist_link_optical_rx_power_watts", "gauge", "watts", "Receive optical power per lane.",
-         _hccn("optical"), ("lane",)),
-    _rel("npudist_link_optical_tx_bias_amperes", "gauge", "amperes", "Laser bias current per lane.",
-         _hccn("optical"), ("lane",)),
-    _rel("npudist_link_optical_media_snr_decibels", "gauge", "decibels", "Media-side signal-to-noise per lane.",
-         _hccn("optical"), ("lane",)),
-    _rel("npudist_link_optical_host_snr_decibels", "gauge", "decibels", "Host-side signal-to-noise per lane.",
-         _hccn("optical"), ("lane",)),
-    _rel("npudist_link_optical_signal_lost", "gauge", "", "1 when the lane reports loss of signal (LOS).",
-         _hccn("optical"), ("direction", "lane")),
-    _rel("npudist_link_optical_lock_lost", "gauge", "", "1 when the lane reports loss of lock (LOL).",
-         _hccn("optical"), ("direction", "lane")),
-    _rel("npudist_link_optical_temperature_limit_celsius", "gauge", "celsius",
-         "The module's own temperature alarm limits (limit=high|low).", _hccn("optical"), ("limit",)),
-    _rel("npudist_link_optical_supply_voltage_limit_volts", "gauge", "volts",
-         "The module's own supply voltage alarm limits (limit=high|low).", _hccn("optical"), ("limit",)),
-    _rel("npudist_link_optical_tx_power_limit_watts", "gauge", "watts",
-         "The module's own transmit power alarm limits (limit=high|low).", _hccn("optical"), ("limit",)),
-    _rel("npudist_link_optical_rx_power_limit_watts", "gauge", "watts",
-         "The module's own receive power alarm limits (limit=high|low).", _hccn("optical"), ("limit",)),
-)
 
 CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("npudist_device_up", "gauge", "",
@@ -360,51 +188,14 @@ CATALOGUE: tuple[MetricDef, ...] = (
 BY_NAME: Mapping[str, MetricDef] = MappingProxyType({m.name: m for m in CATALOGUE})
 
 
-# Suffixes that betray a non-base unit (milliseconds, percent, MiB, ...).
-_BAD_SUFFIXES = ("_ms", "_milliseconds", "_us", "_percent", "_pct", "_mb", "_mib", "_kb", "_kib", "_gb",
-                 "_mw", "_mhz", "_khz", "_millicelsius", "_count", "_sum", "_bucket")
-
-
 def problems(rows: Iterable[MetricDef] = CATALOGUE) -> list[str]:
     """Every naming rule a row breaks, as readable lines (empty when the catalogue is sound)."""
-    out: list[str] = []
-    seen: set[str] = set()
-    for m in rows:
-        where = f"{m.name}:"
-        if m.name in seen:
-            out.append(f"{where} listed twice")
-        seen.add(m.name)
-        if not m.name.startswith("npudist_"):
-            out.append(f"{where} missing the npudist_ prefix")
-        if m.type not in TYPES:
-            out.append(f"{where} type {m.type!r} is not one of {TYPES}")
-        if m.unit and m.unit not in BASE_UNITS:
-            out.append(f"{where} unit {m.unit!r} is not a base unit {BASE_UNITS}")
-        stem = m.name.removesuffix("_total") if m.type == "counter" else m.name
-        if m.type == "counter" and not m.name.endswith("_total"):
-            out.append(f"{where} counters end in _total")
-        if m.type != "counter" and m.name.endswith("_total"):
-            out.append(f"{where} only counters end in _total")
-        if m.unit and not stem.endswith("_" + m.unit):
-            out.append(f"{where} name must end in its unit _{m.unit}")
-        if not m.unit and any(stem.endswith("_" + u) for u in BASE_UNITS):
-            out.append(f"{where} name ends in a unit but the row has none")
-        if any(stem.endswith(s) for s in _BAD_SUFFIXES):
-            out.append(f"{where} suffix names a non-base unit or a reserved series suffix")
-        if m.name.endswith("_info") and m.type != "gauge":
-            out.append(f"{where} info metrics are gauges")
-        if len(set(m.labels)) != len(m.labels) or "le" in m.labels or "job" in m.labels:
-            out.append(f"{where} labels repeat or use a reserved name (le, job)")
-        if not m.help.strip():
-            out.append(f"{where} has no help text")
-    return out
+    return metric_def.problems(rows)
 
 
 def validate(rows: Iterable[MetricDef] = CATALOGUE) -> None:
     """Raise ValueError listing every broken naming rule."""
-    found = problems(rows)
-    if found:
-        raise ValueError("metric catalogue is inconsistent:\n  " + "\n  ".join(found))
+    metric_def.validate(rows)
 
 
 def family(name: str, extra_labels: Sequence[str] = ()) -> Metric:
