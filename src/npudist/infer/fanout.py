@@ -11,16 +11,13 @@ request fails only when fewer than ``min_members`` answered (503). A member that
 is skipped for ``retry_s`` (doubling up to RETRY_MAX_S), so requests do not each wait out the deadline,
 and the idle probes take it back when it answers again.
 
-Wire (member side): ``POST /member`` with the batch as little-endian float32 (``X-Npudist-Shape: n,f``)
-answers this member's [n, classes] contribution the same way (422 with the reason when the member
-failed); ``GET /ping`` answers ``ok``; ``POST /stop`` ends the member's wait. Every request carries the
-job's token (``X-Npudist-Token``), made by rank 0 and sent in the start-up collective.
+The wire (wire.py): ``POST /member`` with a float32 batch, ``GET /ping``, ``POST /stop``, each carrying the
+job's token, made by rank 0 and sent in the start-up collective.
 """
 
 from __future__ import annotations
 
 import hmac
-import http.client
 import math
 import os
 import secrets
@@ -36,13 +33,14 @@ from torch import Tensor
 from npudist.comm.control import gather_objects
 from npudist.httpserve import Front, Limits, Reply, Request
 from npudist.httpserve.request import Head
+from npudist.infer import wire
 from npudist.infer.collective import world
 from npudist.infer.combine import finish
 from npudist.infer.ensemble import EnsembleError, EnsembleResult, EnsembleServer, EnsembleStats
+from npudist.infer.wire import COMPUTE, SHAPE, TOKEN, MemberFailed, WireError, decode, encode
 from npudist.runtime import network
 from npudist.runtime.env import launcher_env
 
-SHAPE, TOKEN, COMPUTE = "X-Npudist-Shape", "X-Npudist-Token", "X-Npudist-Compute-Seconds"
 DEADLINE_S = 5.0
 """Default wait for the members' answers to one request, from when it is sent."""
 RETRY_S, RETRY_MAX_S = 2.0, 30.0
@@ -51,32 +49,8 @@ PROBE_S = 2.0
 """Timeout of one idle probe (GET /ping) and of the stop message."""
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
 
-
-class WireError(ValueError):
-    """A member request or answer that does not hold what its header says."""
-
-
-def encode(t: Tensor) -> tuple[str, bytes]:
-    """A 2-D tensor as (shape header, little-endian float32 bytes)."""
-    if t.dim() != 2:
-        raise WireError(f"only [rows, columns] tensors travel, got shape {tuple(t.shape)}")
-    data = t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
-    return f"{t.shape[0]},{t.shape[1]}", data
-
-
-def decode(shape: str | None, body: bytes, columns: int | None = None) -> Tensor:
-    """The [n, f] float32 tensor of ``encode``; WireError naming what does not fit."""
-    try:
-        n, f = (int(v) for v in (shape or "").split(","))
-    except ValueError:
-        raise WireError(f"{SHAPE} must be 'rows,columns', got {str(shape)[:40]!r}") from None
-    if n < 1 or f < 1:
-        raise WireError(f"{SHAPE} {n},{f}: rows and columns must be at least 1")
-    if columns is not None and f != columns:
-        raise WireError(f"{f} columns where {columns} were expected")
-    if len(body) != 4 * n * f:
-        raise WireError(f"body has {len(body)} bytes; {SHAPE} {n},{f} needs {4 * n * f} (float32)")
-    return torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(n, f)
+__all__ = ["COMPUTE", "DEADLINE_S", "SHAPE", "TOKEN", "FanoutFront", "Member", "MemberEndpoint", "MemberFailed",
+           "WireError", "decode", "encode", "member_address", "serve_member", "start"]
 
 
 def member_address(host: str) -> str:
@@ -135,26 +109,26 @@ class MemberEndpoint:
     def handle(self, request: Request) -> Reply:
         refusal = self._admit(request.head)
         if refusal:
-            return _text(*refusal)
+            return wire.text_reply(*refusal)
         self.last_heard = time.monotonic()
         route = (request.head.method, request.head.path)
         if route == ("GET", "/ping"):
-            return _text(200, "ok")
+            return wire.text_reply(200, "ok")
         if route == ("POST", "/stop"):
             self.stopped.set()
-            return _text(200, "stopping")
+            return wire.text_reply(200, "stopping")
         if route != ("POST", "/member"):
-            return _text(404, "POST /member, GET /ping or POST /stop")
+            return wire.text_reply(404, "POST /member, GET /ping or POST /stop")
         try:
             batch = decode(request.head.headers.get(SHAPE), request.body, self.server.input_features)
         except WireError as exc:
-            return _text(400, str(exc))
+            return wire.text_reply(400, str(exc))
         with self._run:
             part, failure, compute = self.server.contribute(batch)
             self.server.stats.requests += 1
             self.server.stats.compute_seconds += compute
         if failure:
-            return _text(422, f"member failed: {failure}")
+            return wire.text_reply(422, f"member failed: {failure}")
         shape, body = encode(part)
         return Reply(200, body, ((SHAPE, shape), (COMPUTE, f"{compute:.9f}"),
                                  ("Content-Type", "application/octet-stream")))
@@ -168,10 +142,6 @@ class MemberEndpoint:
 
     def close(self) -> None:
         self.front.close(wait=True)
-
-
-def _text(status: int, message: str) -> Reply:
-    return Reply(status, f"{message}\n".encode(), (("Content-Type", "text/plain; charset=utf-8"),))
 
 
 @dataclass
@@ -203,39 +173,6 @@ class Member:
 
     def back(self) -> None:
         self.failures, self.down_until, self.last_error = 0, 0.0, ""
-
-
-class MemberFailed(RuntimeError):
-    """The member answered, with a failure on this request: it is alive and stays in."""
-
-
-def _call(member: Member, method: str, path: str, token: str, timeout: float, body: bytes = b"",
-          shape: str = "") -> tuple[bytes, dict[str, str]]:
-    conn = http.client.HTTPConnection(member.host, member.port, timeout=timeout)
-    try:
-        headers = {TOKEN: token, "Content-Length": str(len(body))}
-        if shape:
-            headers[SHAPE] = shape
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        data = resp.read()
-        if resp.status == 422:
-            raise MemberFailed(data.decode("utf-8", "replace").strip())
-        if resp.status != 200:
-            raise OSError(f"HTTP {resp.status}: {data.decode('utf-8', 'replace').strip()[:200]}")
-        return data, {k: v for k, v in resp.getheaders()}
-    finally:
-        conn.close()
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout | TimeoutError):
-        return "no answer in time"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (nothing listens: the member process is gone)"
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return f"unreachable: {os.strerror(exc.errno)}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass
@@ -295,7 +232,8 @@ class FanoutFront:
         shape, body = encode(batch.float())
         skipped = [m for m in self.members if m.skipped(start)]
         asked = [m for m in self.members if not m.skipped(start)]
-        calls = {self._pool.submit(_call, m, "POST", "/member", self.token, self.deadline_s, body, shape): m
+        calls = {self._pool.submit(wire.call, (m.host, m.port), "POST", "/member", token=self.token,
+                                      timeout=self.deadline_s, body=body, shape=shape): m
                  for m in asked}
         part, failure, compute = self.server.contribute(batch)
         waited = time.perf_counter()
@@ -336,7 +274,7 @@ class FanoutFront:
         if isinstance(exc, MemberFailed):
             return str(exc)
         if exc is not None:
-            m.lost(_why(exc), now)
+            m.lost(wire.why(exc), now)
             return m.last_error
         data, headers = call.result()
         try:
@@ -355,7 +293,8 @@ class FanoutFront:
         keeps the members' orphan timers from running out while no request comes."""
         now = time.monotonic()
         due = [m for m in self.members if not m.skipped(now)]
-        calls = {self._pool.submit(_call, m, "GET", "/ping", self.token, PROBE_S): m for m in due}
+        calls = {self._pool.submit(wire.call, (m.host, m.port), "GET", "/ping", token=self.token, timeout=PROBE_S): m
+                 for m in due}
         wait(calls, timeout=PROBE_S + 1.0)
         now = time.monotonic()
         for call, m in calls.items():
@@ -363,12 +302,13 @@ class FanoutFront:
             if exc is None:
                 m.back()
             else:
-                m.lost(_why(exc), now)
+                m.lost(wire.why(exc), now)
         self.stats.members_answering = 1 + sum(1 for m in self.members if not m.skipped(now))
 
     def stop(self) -> None:
         """Tell every member to stop (those gone are not waited for beyond PROBE_S), then end the pool."""
-        calls = [self._pool.submit(_call, m, "POST", "/stop", self.token, PROBE_S) for m in self.members]
+        calls = [self._pool.submit(wire.call, (m.host, m.port), "POST", "/stop", token=self.token, timeout=PROBE_S)
+                 for m in self.members]
         wait(calls, timeout=PROBE_S + 1.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
