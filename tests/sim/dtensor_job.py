@@ -39,7 +39,7 @@ def main() -> None:
     from npudist.sim import guard
 
     # every npu:i a chip of its own (where the simulation's C++ device guard is built)
-    r["separate_chips"] = [guard.available(), guard.REASON]
+    r["separate_chips"] = [guard.available(), guard.reason()]
     r["device_count"] = torch.npu.device_count()
     r["current_device"] = [torch.npu.current_device(), str(torch.ones(1, device="npu").device)]
     other = torch.device("npu", (local + 1) % torch.npu.device_count())

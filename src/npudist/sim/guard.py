@@ -7,8 +7,8 @@ vendor's C++ gives: a current device per thread and the host's chip count. It is
 on the machine (against the headers torch ships, a second or two) and registered before torch's Python guard.
 
 Without a compiler (or when the build fails) the simulation keeps torch's Python guard: every simulated
-tensor is on ``npu:0`` and ``npu:<i>`` names the process's one chip (docs/guide/simulated-npu.md). ``REASON``
-says why the guard is missing.
+tensor is on ``npu:0`` and ``npu:<i>`` names the process's one chip (docs/guide/simulated-npu.md). ``reason()``
+says why the guard is missing. The loaded library and that reason are kept in ``SIM`` (sim/state.py).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import os
 import shutil
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("guard.cpp")
+from npudist.sim.state import SIM
+
+SOURCE = "guard.cpp"
+"""The guard's source, beside this module."""
 BUILD_TIMEOUT_S = 300
-_lib: ctypes.CDLL | None = None
-REASON: str | None = "not built yet"
 
 
 def load(chips: int) -> bool:
-    """Build (once per machine) and register the guard for ``chips`` devices; False, with ``REASON`` set,
+    """Build (once per machine) and register the guard for ``chips`` devices; False, with ``reason()`` saying why,
     where it cannot be, so the caller keeps torch's one-device Python guard."""
-    global _lib, REASON
-    if _lib is not None:
+    if SIM.guard is not None:
         return True
-    path, REASON = build()
+    path, SIM.guard_reason = build()
     if path is None:
         return False
     try:
@@ -38,13 +38,18 @@ def load(chips: int) -> bool:
         lib.npudist_sim_guard_register.argtypes = [ctypes.c_int]
         lib.npudist_sim_guard_set.argtypes = [ctypes.c_int]
         if not lib.npudist_sim_guard_register(chips):
-            REASON = "another device guard for PrivateUse1 was registered first"
+            SIM.guard_reason = "another device guard for PrivateUse1 was registered first"
             return False
     except OSError as exc:
-        REASON = f"the guard did not load: {exc}"
+        SIM.guard_reason = f"the guard did not load: {exc}"
         return False
-    _lib, REASON = lib, None
+    SIM.guard, SIM.guard_reason = lib, None
     return True
+
+
+def reason() -> str | None:
+    """Why ``npu:i`` are not separate devices in this process (None where they are)."""
+    return SIM.guard_reason
 
 
 def build() -> tuple[Path | None, str | None]:
@@ -71,7 +76,8 @@ def _built(cxx: str) -> Path:
     from npudist.comm.pg_watch import cache_dir
 
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-    key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__}|{torch.__file__}|{abi}".encode()).hexdigest()
+    source = Path(__file__).with_name(SOURCE)
+    key = hashlib.sha256(source.read_bytes() + f"{torch.__version__}|{torch.__file__}|{abi}".encode()).hexdigest()
     path = cache_dir() / "sim_guard" / key[:16] / "libnpudist_sim_guard.so"
     if path.exists():
         return path
@@ -83,7 +89,7 @@ def _built(cxx: str) -> Path:
             return path
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         command = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                   f"-I{root / 'include'}", str(SOURCE), f"-L{root / 'lib'}", "-lc10",
+                   f"-I{root / 'include'}", str(source), f"-L{root / 'lib'}", "-lc10",
                    f"-Wl,-rpath,{root / 'lib'}", "-o", str(tmp)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
@@ -95,13 +101,13 @@ def _built(cxx: str) -> Path:
 
 def available() -> bool:
     """Whether ``npu:i`` are separate devices in this process."""
-    return _lib is not None
+    return SIM.guard is not None
 
 
 def current() -> int:
-    return _lib.npudist_sim_guard_current() if _lib is not None else 0
+    return SIM.guard.npudist_sim_guard_current() if SIM.guard is not None else 0
 
 
 def set_current(index: int) -> None:
-    if _lib is not None:
-        _lib.npudist_sim_guard_set(index)
+    if SIM.guard is not None:
+        SIM.guard.npudist_sim_guard_set(index)

@@ -78,6 +78,10 @@ class SimState:
     """The simulated NPU's generator (sim/rng.py)."""
     chips: int = 8
     initialized: bool = False
+    guard: Any = None
+    """The simulation's C++ device guard (a ctypes library, sim/guard.py), None while it is not loaded."""
+    guard_reason: str | None = "not built yet"
+    """Why the guard is not loaded (sim/guard.py)."""
     """A device was set or a tensor made on one (torch.npu.is_initialized)."""
     """Chips of the simulated host (NPUDIST_SIM_CHIPS): what device_count() reports without a visible list."""
     row: str | None = None

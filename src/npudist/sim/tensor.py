@@ -94,7 +94,7 @@ class SimTensor(torch.Tensor):
             # torch's functional collectives (DTensor, tensor parallel): their kernel hands the tensors to the
             # group named in the call, the simulated hccl, which needs them as device tensors; unwrapped, they
             # would reach it as host tensors and be refused as HCCL refuses them.
-            return func.redispatch(_DEVICE_KEYS, *args, **kwargs)
+            return func.redispatch(_keys("PrivateUse1"), *args, **kwargs)
         index = _chip(func, args, kwargs)
         host_kernel = HOST_KERNELS.get(func)
         if host_kernel is not None:  # an op torch has no CPU kernel for (batch_norm.py)
@@ -116,8 +116,12 @@ class SimTensor(torch.Tensor):
 
 
 _COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "_dtensor"})
-_DEVICE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
-_HOST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+@functools.cache
+def _keys(key: str) -> torch._C.DispatchKeySet:
+    """The dispatch key set of one key (``PrivateUse1``: the device's kernels; ``CPU``: the host's)."""
+    return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
 
 @functools.cache
@@ -227,7 +231,7 @@ def _in_place_result(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out
 def _follow_resize(func: torch._ops.OpOverload, w: SimTensor) -> None:
     before = list(w.shape)
     if w.elem.is_contiguous() and w.storage_offset() == w.elem.storage_offset():
-        aten.resize_.default.redispatch(_HOST_KEYS, w, w.elem.shape)
+        aten.resize_.default.redispatch(_keys("CPU"), w, w.elem.shape)
         if w.stride() == w.elem.stride():
             return
     raise RuntimeError(f"{func}: the simulated npu cannot resize an out= tensor from {before} to "
