@@ -98,14 +98,14 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=None, help="this rank waits --slow-ms more every step")
     p.add_argument("--slow-ms", type=float, default=0.0)
     args = p.parse_args()
-    npudist.init()
+    device = npudist.init().device  # cpu, or npu:<local rank> under --simulate npu (as a ported script runs)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     if args.kind in ("raw", "subgroups"):
         sub = dist.new_group([0, 1]) if args.kind == "subgroups" else None
         for step in range(args.steps):
             fault(args, rank, step)
-            t = torch.full((256,), float(rank + step))
+            t = torch.full((256,), float(rank + step), device=device)
             dist.all_reduce(t)
             if sub is not None and rank in (0, 1):
                 dist.all_reduce(t, group=sub)
@@ -118,15 +118,16 @@ def main() -> None:
         if args.kind == "tp":
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-            mesh = init_device_mesh("cpu", (world,))
-            model = parallelize_module(ToyModel(), mesh, {"in_proj": ColwiseParallel(), "out_proj": RowwiseParallel()})
+            mesh = init_device_mesh(device.type, (world,))
+            plan = {"in_proj": ColwiseParallel(), "out_proj": RowwiseParallel()}
+            model = parallelize_module(ToyModel().to(device), mesh, plan)
             shape = (20, 10)
         else:
             from torch.distributed.fsdp import fully_shard
 
-            mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-                    if args.kind == "hsdp" else init_device_mesh("cpu", (world,), mesh_dim_names=("shard",)))
-            model = nn.Sequential(*[Block(64) for _ in range(3)])
+            mesh = (init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+                    if args.kind == "hsdp" else init_device_mesh(device.type, (world,), mesh_dim_names=("shard",)))
+            model = nn.Sequential(*[Block(64) for _ in range(3)]).to(device)
             for block in model:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
@@ -135,7 +136,7 @@ def main() -> None:
         for step in range(args.steps):
             fault(args, rank, step)
             torch.manual_seed(step)  # TP ranks must see the same input; FSDP ranks may
-            x = torch.randn(*shape)
+            x = torch.randn(*shape).to(device)
             model(x).sum().backward()
             optim.step()
             optim.zero_grad()

@@ -258,7 +258,8 @@ def why_off() -> str | None:
 
 def dispatched(group: Any) -> bool:
     """Whether ``group``'s collectives pass through torch's dispatcher, where the watch counts them: a group
-    torch builds (gloo, NCCL, HCCL through torch_npu) does; a ProcessGroup implemented in Python (the simulated
-    hccl, sim/hccl.py) is called straight from Python and never reaches the c10d ops, so its collectives keep
-    npudist's own numbering (watchdog.py)."""
-    return type(group) is dist.ProcessGroup
+    torch builds (gloo, NCCL, HCCL through torch_npu) does; a ProcessGroup implemented in Python is called
+    straight from Python and never reaches the c10d ops, so its collectives keep npudist's own numbering
+    (watchdog.py), unless it says it hands them to a dispatched group (``collectives_dispatched``: the
+    simulated hccl, sim/hccl.py)."""
+    return type(group) is dist.ProcessGroup or getattr(group, "collectives_dispatched", False) is True

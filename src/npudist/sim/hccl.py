@@ -78,6 +78,9 @@ class SimHcclGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         host = dist.ProcessGroupGloo(dist.PrefixStore("sim_hccl", store), rank, size, timeout)
         self._inner: dist.ProcessGroupGloo | None = host
+        self._view: Any = None
+        """A C++ ProcessGroup over ``_inner``: calls through it pass the dispatcher, where the process-group
+        watch (comm/pg_watch.py) counts them as it counts a real HCCL group's."""
         self.row = row
         self._store, self._timeout = store, timeout
         self._backend = _BackendView(self)
@@ -93,6 +96,14 @@ class SimHcclGroup(dist.ProcessGroup):
         # the name on its backends, which a Python group has none of, so DeviceMesh (FSDP2) reading group_name
         # found "ProcessGroup name not set". The name is kept here.
         self._name = name
+        if self._view is not None and self._view is not self._inner:
+            self._view._set_group_name(name)
+
+    @property
+    def collectives_dispatched(self) -> bool:
+        """Whether this group's collectives reach torch's dispatcher (where the process-group watch counts
+        them): they do through the view, where this torch can build one (comm/pg_watch.py's dispatched)."""
+        return self._inner is not None and self._host_group() is not self._inner
 
     @property
     def group_name(self) -> str:
@@ -135,18 +146,22 @@ class SimHcclGroup(dist.ProcessGroup):
             group._set_group_desc(group_desc)
         return group
 
-    def _host_group(self) -> dist.ProcessGroupGloo:
+    def _host_group(self) -> Any:
+        """The gloo group that moves the host data, seen through a dispatched ProcessGroup where this torch
+        can build one (torch's own _new_process_group_helper wraps its backends the same way)."""
         if self._inner is None:
             raise RuntimeError("the simulated hccl group was shut down (destroy_process_group); create a new "
                                "group with dist.init_process_group or npudist.init() to communicate again")
-        return self._inner
+        if self._view is None:
+            self._view = _dispatched_view(self._inner, self._store, self.rank(), self.size(), self._name)
+        return self._view
 
     def shutdown(self) -> None:
         """Join the host group's worker threads now: destroy_process_group calls this, and a gloo group
         destroyed later, during interpreter finalization, can abort the process (runtime/state.py, close).
         ProcessGroupGloo.shutdown leaves its threads running (torch 2.13); only its destructor joins them,
         and this is the one reference to it."""
-        self._inner = None
+        self._inner = self._view = None
 
     abort = shutdown
 
@@ -371,6 +386,20 @@ class SimHcclGroup(dist.ProcessGroup):
         # rendezvous without one.
         SIM.counts.calls["barrier"] += 1
         return self._done([], self._host_group().barrier(dist.BarrierOptions()))
+
+
+def _dispatched_view(backend: dist.ProcessGroupGloo, store: dist.Store, rank: int, size: int, name: str) -> Any:
+    """``backend`` registered on a C++ ProcessGroup for CPU tensors; ``backend`` itself where this torch's
+    ProcessGroup cannot be built from Python (its constructor and registration calls are private API)."""
+    try:
+        view = dist.ProcessGroup(store, rank, size)
+        view._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+        view._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        if name:
+            view._set_group_name(name)
+    except (AttributeError, TypeError, RuntimeError):
+        return backend
+    return view
 
 
 class _BackendView:
