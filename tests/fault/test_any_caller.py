@@ -80,10 +80,11 @@ def test_a_stopped_rank_is_named_on_the_simulated_npu_whoever_issues_the_collect
 
 
 def test_a_rank_holding_the_gil_is_starved_not_stopped_and_the_job_finishes(tmp_path):
-    """libc sleep through ctypes.PyDLL holds the GIL for 15 s: the watchdog thread cannot answer the probe, the
-    process sleeps (not stopped). With the bound at 4 s, the verdict comes while the GIL is held."""
+    """libc sleep through ctypes.PyDLL holds the GIL for 40 s (issue 42's healthy case): the watchdog thread cannot
+    answer the probe, the process sleeps (not stopped). With the bound at 4 s, the verdict comes while the GIL is
+    held; starved is aborted only after 60 s of stall."""
     proc, text, _elapsed, _left = _launch(tmp_path, 2, ["raw", "--steps", "60", "--fault", "gil", "--fault-rank",
-                                                        "1", "--fault-step", "20", "--fault-seconds", "15"],
+                                                        "1", "--fault-step", "20", "--fault-seconds", "40"],
                                           env={"NPUDIST_HANG_TIMEOUT": "4"})
     assert proc.returncode == 0, text[-4000:]
     assert text.count("DONE step=60") == 2
