@@ -95,6 +95,7 @@ def test_nvml_source_reads_plausible_values() -> None:
         source.close()
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_exporter_serves_nvml_values() -> None:
     _pynvml()

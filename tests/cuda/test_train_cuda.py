@@ -31,6 +31,7 @@ STEP = re.compile(r"^step=(\d+) loss=([0-9.]+) .*world=(\d+) accelerator=(\S+) b
 
 
 @pytest.mark.cuda
+@pytest.mark.e2e
 @pytest.mark.timeout(270)
 def test_example_trains_50_steps_on_cuda_with_telemetry(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -75,6 +76,7 @@ def _final_hash(proc) -> str:
 
 
 @pytest.mark.cuda
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_example_checkpoints_asynchronously_and_resumes_bitwise_on_cuda(tmp_path: Path) -> None:
     """Issue 33: on an H200 the example died at its second asynchronous checkpoint (a reused DefaultStager).

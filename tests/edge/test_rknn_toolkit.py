@@ -21,8 +21,9 @@ import torch
 from tests.conftest import REPO, child_env
 
 RKNN_PYTHON = os.environ.get("NPUDIST_RKNN_PYTHON")
-pytestmark = [pytest.mark.rknn, pytest.mark.skipif(not RKNN_PYTHON, reason="NPUDIST_RKNN_PYTHON unset: no venv "
-                                                   "with rknn-toolkit2 (make rknn-env; .ci/run makes one)")]
+pytestmark = [pytest.mark.rknn, pytest.mark.subprocess,
+              pytest.mark.skipif(not RKNN_PYTHON, reason="NPUDIST_RKNN_PYTHON unset: no venv with rknn-toolkit2 "
+                                 "(make rknn-env; .ci/run makes one)")]
 EXAMPLE = REPO / "examples" / "edge_ensemble.py"
 
 
@@ -109,6 +110,7 @@ def test_an_unconvertible_op_is_named_with_the_toolkits_message(tmp_path: Path) 
     assert not (tmp_path / "u.rknn").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_four_rank_ensemble_through_the_simulator(tmp_path: Path) -> None:
     proc = subprocess.run(

@@ -19,8 +19,10 @@ from tests.conftest import REPO, child_env, fakes_path, free_port
 from tests.telemetry.exp_helpers import families, scrape
 
 VENDOR_PYTHON = os.environ.get("NPUDIST_REAL_VENDOR_PYTHON")
-pytestmark = pytest.mark.skipif(not VENDOR_PYTHON, reason="NPUDIST_REAL_VENDOR_PYTHON unset: no venv with the "
-                                "real torch-npu wheel (.ci/run makes one)")
+# Every test runs npudist in the vendor venv's Python (skipped here, run by .ci/run).
+pytestmark = [pytest.mark.subprocess,
+              pytest.mark.skipif(not VENDOR_PYTHON, reason="NPUDIST_REAL_VENDOR_PYTHON unset: no venv with the "
+                                 "real torch-npu wheel (.ci/run makes one)")]
 
 
 def _run(args: list[str], timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
