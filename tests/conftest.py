@@ -82,12 +82,31 @@ def run_npudist(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return run_py(["-m", "npudist", *args], **kw)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the one port helper of the tests: import it from here)."""
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports (rank i serves on base + i)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port(host)
+        if base + count > 65536:
+            continue
+        try:
+            for port in range(base + 1, base + count):
+                with socket.socket() as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
 
 
 def run_ranks(script: str, args: list[str], *, world: int = 2, env: dict[str, str] | None = None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -15,19 +14,6 @@ import yaml
 from tests.conftest import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def free_pair() -> int:
-    """A port whose successor is also free (rank i serves on base + i)."""
-    for _ in range(50):
-        base = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
 
 
 class Prometheus:

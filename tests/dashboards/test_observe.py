@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from npudist.dashboards.observe import ObserveError, wait_ready
-from tests.conftest import child_env, run_npudist
-from tests.dashboards.prom import PROMETHEUS, free_port
+from tests.conftest import child_env, free_port, run_npudist
+from tests.dashboards.prom import PROMETHEUS
 
 pytestmark = pytest.mark.subprocess
 

@@ -13,8 +13,8 @@ import pytest
 from npudist.dashboards import ALERTS, DASHBOARDS, RECORDINGS, rules_document, with_for
 from npudist.dashboards.promql import substitute
 from npudist.dashboards.rules import to_yaml
-from tests.conftest import FAKES, REPO, child_env, fakes_path
-from tests.dashboards.prom import PROMETHEUS, Prometheus, free_pair, free_port
+from tests.conftest import FAKES, REPO, child_env, fakes_path, free_port, free_ports
+from tests.dashboards.prom import PROMETHEUS, Prometheus
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="Debian prometheus not installed")]
@@ -60,7 +60,7 @@ def stack(tmp_path_factory):
             "NPUDIST_FAKE_NPU_SMI_T_DIR": str(t_dir), "NPUDIST_FAKE_HCCN_DIR": str(answers)}))
         procs.append(_exporter(ports[1], "cpu", {}))  # the CPU's clock: npu-smi's table has no frequency
         procs.append(_exporter(ports[2], "npu-smi", {"NPUDIST_FAKE_NPU_SMI_MODE": "fail"}))  # a broken node
-        base, targets, stop = free_pair(), tmp / "sd" / "npudist.json", tmp / "stop"
+        base, targets, stop = free_ports(2), tmp / "sd" / "npudist.json", tmp / "stop"
         launch = subprocess.Popen(
             [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "2", "--metrics-port", str(base),
              "--targets-file", str(targets), "--peer-snapshots", "3", str(RANK_JOB), str(stop)],
@@ -165,7 +165,7 @@ def test_reliability_alerts_name_the_rank_on_the_card(stack):
 def test_a_finished_job_empties_its_targets_and_pages_no_one(tmp_path):
     """End to end: ranks scraped, a clean exit, then no target left and no alert pending or firing, with the
     down alerts' `for` cut to 1 s so one stale target would fire at once."""
-    base, targets, stop = free_pair(), tmp_path / "sd" / "npudist.json", tmp_path / "stop"
+    base, targets, stop = free_ports(2), tmp_path / "sd" / "npudist.json", tmp_path / "stop"
     rules = tmp_path / "rules.yml"
     rules.write_text(to_yaml(rules_document(with_for(ALERTS, NpudistExporterDown="1s", NpudistRankDown="1s"),
                                             RECORDINGS)))

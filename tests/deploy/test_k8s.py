@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 
 import jsonschema
@@ -21,6 +20,7 @@ from npudist.deploy.options import DeployError
 from npudist.launch import parser, plan
 from npudist.telemetry.exposition.server import parse_listen
 from npudist.telemetry.sources.registry import SOURCES
+from tests.conftest import free_ports
 from tests.deploy.schemas import pod_templates, validate, validate_core, validate_crd
 
 COMBOS = [(acc, sched) for acc in PLACEMENTS for sched in ("kubeflow", "volcano")]
@@ -41,23 +41,6 @@ def _objects(opts: K8sOptions) -> dict[str, dict]:
 def _kind(objs: dict[str, dict], kind: str) -> dict:
     (obj,) = [o for o in objs.values() if o["kind"] == kind]
     return obj
-
-
-def _free_base(count: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            for p in range(base + 1, base + count):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", p))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
 
 
 @pytest.mark.parametrize(("accelerator", "scheduler"), COMBOS)
@@ -159,7 +142,7 @@ def test_only_the_npu_exporter_is_privileged_and_the_yaml_says_why():
 
 @pytest.mark.parametrize(("accelerator", "scheduler"), [("npu", "kubeflow"), ("cuda", "volcano"), ("cpu", "volcano")])
 def test_job_runs_npudist_launch_over_c10d_on_the_master_with_every_rank_scraped(accelerator, scheduler):
-    base = _free_base(4)
+    base = free_ports(4, "0.0.0.0")
     opts = _k8s(accelerator=accelerator, scheduler=scheduler, nodes=3, nproc_per_node=4, metrics_port=base,
                       shm_size="2Gi", script=("train.py", "--steps", "5"))
     objs = _objects(opts)

@@ -16,9 +16,8 @@ from npudist.deploy.options import RUN_DIR_MOUNT
 from npudist.deploy.slurm import SBATCH
 from npudist.deploy.slurm import files as slurm_files
 from npudist.launch import parser
-from tests.conftest import REPO, child_env, fakes_path
+from tests.conftest import REPO, child_env, fakes_path, free_ports
 from tests.deploy.schemas import pod_templates, validate
-from tests.deploy.test_k8s import _free_base
 
 KINDS = {"kubeflow": "PyTorchJob", "volcano": "Job"}
 
@@ -77,7 +76,7 @@ def test_without_restarts_no_run_directory_is_needed_and_no_pod_restarts():
 
 
 def _sbatch(tmp_path, steps: int, shared) -> subprocess.CompletedProcess[str]:
-    base, rdzv = _free_base(1), _free_base(1)
+    base, rdzv = free_ports(1, "0.0.0.0"), free_ports(1, "0.0.0.0")
     opts = SlurmOptions(accelerator="cpu", nodes=1, nproc_per_node=1, metrics_port=base, rdzv_port=rdzv,
                         sd_dir=str(tmp_path / "sd"), run_dir=str(shared), name="resumes",
                         script=("examples/train_ddp.py", "--steps", str(steps), "--log-every", "1",

@@ -18,8 +18,7 @@ import yaml
 from npudist.dashboards.rules import JOB_MATCH
 from npudist.deploy import PLACEMENTS, SlurmOptions, write_files
 from npudist.deploy.slurm import NODE_TARGETS, PROMETHEUS, SBATCH, UNIT, files, prometheus_config
-from tests.conftest import REPO, child_env, fakes_path
-from tests.deploy.test_k8s import _free_base
+from tests.conftest import REPO, child_env, fakes_path, free_ports
 
 
 def _directives(script: str) -> dict[str, str]:
@@ -63,7 +62,7 @@ def test_fake_srun_runs_under_the_tests_python_whatever_the_machines_path_holds(
 
 
 def _train_under_fake_srun(tmp_path):
-    base, rdzv = _free_base(2), _free_base(1)
+    base, rdzv = free_ports(2, "0.0.0.0"), free_ports(1, "0.0.0.0")
     sd = tmp_path / "sd"
     opts = SlurmOptions(accelerator="cpu", nodes=1, nproc_per_node=2, metrics_port=base, rdzv_port=rdzv,
                         sd_dir=str(sd), script=("examples/train_ddp.py", "--steps", "6", "--log-every", "3",

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, child_env, run_npudist
+from tests.conftest import REPO, child_env, free_port, run_npudist
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 FINAL = re.compile(r"^final step=(\d+) loss=([\d.]+) params_sha256=([0-9a-f]{64})$", re.MULTILINE)
@@ -107,12 +107,6 @@ def test_a_second_job_on_a_live_run_directory_exits_at_once_naming_the_holder(tm
     # the SIGKILL test above, where the restarted rank 0 takes over its killed predecessor's lock.
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _agent(port: int, nnodes: str, run_dir, steps: int, extra_conf: str = "", log=None,
            extra_args: tuple[str, ...] | list[str] = ()) -> subprocess.Popen:
     conf = "join_timeout=60,last_call_timeout=2,close_timeout=5" + extra_conf
@@ -125,7 +119,7 @@ def _agent(port: int, nnodes: str, run_dir, steps: int, extra_conf: str = "", lo
 
 
 def test_two_agents_rendezvous_over_c10d_and_train_together(tmp_path):
-    port = _free_port()
+    port = free_port()
     agents = [_agent(port, "2", tmp_path / "run", 20) for _ in range(2)]
     outputs = [a.communicate(timeout=240)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-2000:] for o in outputs)
@@ -156,7 +150,7 @@ def _wait_for(pattern: str, logs: list, offsets: list[int], what: str, timeout: 
 
 
 def test_elastic_job_survives_a_node_leaving_and_takes_it_back(tmp_path):
-    port = _free_port()
+    port = free_port()
     steps = 600
     # A dead node is noticed after 2 s x 5 missed heartbeats. At 1 s x 2 a newcomer once found no live
     # participant on this busy 2-core machine (a starved heartbeat, most likely) and started its own job.

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, child_env, run_npudist
+from tests.conftest import REPO, child_env, free_port, run_npudist
 
 PROBE = str(REPO / "tests" / "runtime" / "rank_probe.py")
 pytestmark = [pytest.mark.slow, pytest.mark.ranks]
@@ -22,12 +22,6 @@ def out(tmp_path):
 
 def _records(folder) -> list[dict]:
     return [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_two_ranks(records: list[dict], source: str) -> None:
@@ -64,7 +58,7 @@ def _wait(procs: list[subprocess.Popen], timeout: float = 120) -> tuple[list[int
 
 
 def test_slurm_style_variables(out):
-    port = _free_port()
+    port = free_port()
     procs = _spawn_pair(lambda r: {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
                                    "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0",
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, out)
@@ -81,7 +75,7 @@ def _mpirun() -> list[str]:
 
 
 def test_real_mpirun_with_master_addr(out):
-    port = _free_port()
+    port = free_port()
     cmd = [*_mpirun(), "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={port}", "-x", "PYTHONPATH",
            "-x", "PROBE_OUT", sys.executable, PROBE, "60"]
     done = subprocess.run(cmd, env=child_env({"PROBE_OUT": str(out)}), cwd=REPO, capture_output=True, text=True,
@@ -102,7 +96,7 @@ def test_real_mpirun_without_master_addr_names_the_variable(out):
 
 def test_mpirun_npudist_launch_mpi_trains():
     cmd = [*_mpirun(), "-x", "PYTHONPATH", sys.executable, "-m", "npudist", "launch", "--mpi",
-           "--master-port", str(_free_port()), "examples/train_ddp.py", "--steps", "12", "--log-every", "4",
+           "--master-port", str(free_port()), "examples/train_ddp.py", "--steps", "12", "--log-every", "4",
            "--every-rank-done"]
     done = subprocess.run(cmd, env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -125,7 +119,7 @@ def test_port_in_use_is_named(out):
 
 
 def test_rendezvous_timeout_names_what_to_check(out):
-    port = _free_port()  # nobody listens: rank 0 was never started
+    port = free_port()  # nobody listens: rank 0 was never started
     env = child_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                      "MASTER_PORT": str(port), "PROBE_OUT": str(out)})
     start = time.monotonic()

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from npudist.cli import app
-from tests.conftest import child_env
+from tests.conftest import child_env, free_port
 from tests.telemetry.exp_helpers import families, samples, scrape
 
 FAKE_SOURCE = '''
@@ -24,17 +24,11 @@ class TwoChips(Source):
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_exporter_command_serves_a_fake_source(tmp_path):
     (tmp_path / "fake_two_chips.py").write_text(FAKE_SOURCE)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}",
          "--source", "fake_two_chips:TwoChips", "--interval", "200ms"],
@@ -85,7 +79,7 @@ def test_exporter_serves_the_reliability_families_from_the_fake_tools(tmp_path):
     least 30 reliability and network families, in base units, and honours --collectors."""
     from tests.conftest import fakes_path
 
-    port = _free_port()
+    port = free_port()
     env = child_env({"PATH": fakes_path()})
     proc = subprocess.Popen(
         [sys.executable, "-m", "npudist", "exporter", "--listen", f"127.0.0.1:{port}", "--source", "npu-smi",

@@ -11,7 +11,7 @@ import pytest
 
 from npudist.accelerators import get
 from npudist.launch import LaunchError, plan
-from tests.conftest import FAKES, child_env, fakes_path, run_npudist
+from tests.conftest import FAKES, child_env, fakes_path, free_ports, run_npudist
 from tests.telemetry.exp_helpers import families, samples
 
 CPU = get("cpu")
@@ -44,24 +44,8 @@ def _doc(base: int) -> list:
     return [{"targets": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], "labels": {"job": "npudist"}}]
 
 
-def _free_base() -> int:
-    """A base port whose next port is also free (ranks serve on base and base+1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base < 65535:
-            with socket.socket() as s2:
-                try:
-                    s2.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-            return base
-    raise RuntimeError("no two adjacent free ports")
-
-
 def test_plan_sets_the_port_variable_and_lists_every_rank(tmp_path):
-    base = _free_base()
+    base = free_ports(2)
     p = plan(["--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
               str(tmp_path / "t.json"), "train.py", "--steps", "3"], CPU, {"OMP_NUM_THREADS": "1"})
     run = p.env_updates.pop("NPUDIST_RUN_ID")  # the ranks' run label (run_label.py), one per launch
@@ -91,7 +75,7 @@ def test_plan_refuses_bad_metrics_options():
 
 
 def test_under_mpi_only_local_rank_zero_writes_targets(tmp_path):
-    base = _free_base()
+    base = free_ports(2)
     argv = ["--mpi", "--metrics-port", str(base), "--targets-file", str(tmp_path / "t.json"), "train.py"]
     env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
            "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
@@ -106,7 +90,7 @@ def test_under_mpi_only_local_rank_zero_writes_targets(tmp_path):
 def test_two_ranks_serve_on_base_plus_local_rank_and_name_the_straggler(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
-    base, targets = _free_base(), tmp_path / "sd" / "targets.json"
+    base, targets = free_ports(2), tmp_path / "sd" / "targets.json"
     env = child_env({"PATH": fakes_path(), "ASCEND_RT_VISIBLE_DEVICES": "4,5",
                      "NPUDIST_FAKE_NPU_SMI_MAP": str(FAKES / "npu-smi" / "info-m-a3-16chip-constructed.txt")})
     res = run_npudist(["launch", "--nproc-per-node", "2", "--metrics-port", str(base), "--targets-file",
@@ -162,7 +146,7 @@ def test_a_stopped_launch_empties_its_targets_file(tmp_path, sig):
     script, started, targets = tmp_path / "sleeper.py", tmp_path / "started", tmp_path / "targets.json"
     script.write_text(SLEEPER)
     proc = subprocess.Popen([sys.executable, "-m", "npudist", "launch", "--nproc-per-node", "1", "--metrics-port",
-                             str(_free_base()), "--targets-file", str(targets), str(script), str(started)],
+                             str(free_ports(2)), "--targets-file", str(targets), str(script), str(started)],
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 120
