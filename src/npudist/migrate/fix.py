@@ -9,7 +9,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from npudist.migrate.fold import fold
-from npudist.migrate.scan import Analysis, Finding
+from npudist.migrate.findings import Analysis, Finding
 
 
 @dataclass(frozen=True)
