@@ -13,9 +13,10 @@ from types import MappingProxyType
 from typing import Any
 
 from npudist.report import verdicts
-from npudist.report.model import DEVICE_PLOTS, LOSS_SMOOTHING, WORST_WINDOWS, ReportData, Series, smoothed, utc_time
+from npudist.report.model import DEVICE_PLOTS, LOSS_SMOOTHING, WORST_WINDOWS, ReportData, Series, smoothed
 from npudist.report.records import RunFile
 from npudist.report.svg import line_chart, number_label
+from npudist.report.times import utc_time
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 980px; color: #222; }
