@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,15 +50,16 @@ def _check_tensor(name: str, t: object) -> None:
         raise TypeError(f"{name} expects a dense tensor, got layout {t.layout}; call .to_dense() first")
 
 
-class _Call(NamedTuple):
-    """One collective as its exits account for it (a tuple: built on every call of the adapted paths)."""
+class _Call:
+    """One collective as its exits account for it: which op, on which group, since when (``_clock()``), and
+    whether it is counted (False where the caller accounts for itself: all_reduce_many's buckets). Built
+    on every call of the adapted paths, so a slotted class (cheaper to build than a NamedTuple or a
+    frozen dataclass); nothing changes it after construction."""
 
-    op: str
-    ctx: context.GroupContext
-    start: float
-    """_clock() when the call began."""
-    record: bool = True
-    """False for calls whose caller does its own accounting (all_reduce_many's buckets)."""
+    __slots__ = ("ctx", "op", "record", "start")
+
+    def __init__(self, op: str, ctx: context.GroupContext, start: float, record: bool = True) -> None:
+        self.op, self.ctx, self.start, self.record = op, ctx, start, record
 
 
 class Handle:
