@@ -91,7 +91,7 @@ def test_torchrun_parser_read_from_source_is_torchruns_own():
     included: PET_NNODES is read by argparse_util's env action)."""
     from torch.distributed.run import get_args_parser
 
-    from npudist.torchrun_parser import _from_source
+    from npudist.launch.torchrun_parser import _from_source
 
     ours, theirs = _from_source(), get_args_parser()
     assert ours.format_help() == theirs.format_help()

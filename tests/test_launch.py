@@ -246,7 +246,7 @@ def test_no_route_to_the_master_is_said_once_and_nothing_is_guessed():
 @pytest.mark.parametrize(("address", "is_host"), [("192.168.1.100", "true"), ("192.168.1.101", "false")])
 def test_c10d_is_told_who_hosts_the_store_when_the_hostname_does_not_resolve(monkeypatch, address, is_host):
     # torchrun's c10d resolves this host's name to decide, and ends with gaierror where it does not resolve.
-    import npudist.launch_multinode as multinode
+    import npudist.launch.multinode as multinode
     from npudist.runtime.network import Interface
 
     monkeypatch.setattr(multinode, "_hostname_resolves", lambda: False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from npudist.launch_hint import cuda_hint
+from npudist.launch.hint import cuda_hint
 from tests.conftest import run_npudist
 
 CUDA_SCRIPT = 'import torch\nimport torch.distributed as dist\ndist.init_process_group("nccl")\n' \

@@ -127,9 +127,11 @@ def test_lifecycle_sits_above_what_it_starts_and_ends():
 
 
 def test_launch_takes_no_constants_from_telemetry():
-    tree = ast.parse(MODULES["npudist.launch"].read_text())
-    taken = [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             and (node.module or "").startswith("npudist.telemetry") for a in node.names]
+    launch = [path for name, path in MODULES.items() if _under(name, "npudist.launch")]
+    assert len(launch) > 5  # the package's modules, not only its __init__
+    taken = [a.name for path in launch for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("npudist.telemetry")
+             for a in node.names]
     assert not [n for n in taken if n.isupper()], taken
 
 
@@ -203,8 +205,12 @@ def distributed_collectives(source: str) -> list[str]:
     return found
 
 
+BENCH_RANK = "npudist.bench.rank"
+"""`npudist bench collective`'s rank: it times torch's own collectives beside npudist's, so it calls them."""
+
+
 def test_only_comm_calls_torch_distributed_collectives():
-    found = {name: hits for name, path in MODULES.items() if not _under(name, "npudist.comm")
+    found = {name: hits for name, path in MODULES.items() if not _under(name, "npudist.comm", BENCH_RANK)
              if (hits := distributed_collectives(path.read_text()))}
     assert not found, "send npudist's own flags, objects and barriers through npudist.comm.control"
 

@@ -24,6 +24,12 @@ MOVED_MODULES = {
     "npudist.backend_guard": "npudist.accelerators.backend_guard",
     "npudist.toolrun": "npudist.runtime.toolrun",
     "npudist.runlog_schema": "npudist.telemetry.runlog_schema",
+    "npudist.launch_options": "npudist.launch.options",
+    "npudist.launch_multinode": "npudist.launch.multinode",
+    "npudist.launch_scope": "npudist.launch.scope",
+    "npudist.launch_hint": "npudist.launch.hint",
+    "npudist.torchrun_parser": "npudist.launch.torchrun_parser",
+    "npudist.comm.bench_rank": "npudist.bench.rank",
 }
 
 # (old module, name) -> where the name lives now
@@ -40,6 +46,27 @@ MOVED_NAMES = {
     ("npudist.accelerators.place", "Place"): "npudist.diagnosis.place",
     ("npudist.backend_guard", "from_env"): "npudist.accelerators.backend_guard",
     ("npudist.runlog_schema", "check"): "npudist.telemetry.runlog_schema",
+    # launch.py became the package npudist.launch (split by concept); its names stay importable from it
+    ("npudist.launch", "plan"): "npudist.launch.planner",
+    ("npudist.launch", "LaunchPlan"): "npudist.launch.planner",
+    ("npudist.launch", "LaunchError"): "npudist.launch.errors",
+    ("npudist.launch", "run"): "npudist.launch.runner",
+    ("npudist.launch", "accelerator_for"): "npudist.launch.planner",
+    ("npudist.launch", "dry_run_steps"): "npudist.launch.planner",
+    ("npudist.launch", "resolve_nproc"): "npudist.launch.devices",
+    ("npudist.launch", "visible_devices"): "npudist.launch.devices",
+    ("npudist.launch", "free_port"): "npudist.launch.ports",
+    ("npudist.launch", "port_in_use"): "npudist.launch.ports",
+    ("npudist.launch", "parser"): "npudist.launch.options",
+    ("npudist.launch", "USAGE"): "npudist.launch.options",
+    ("npudist.launch_options", "parser"): "npudist.launch.options",
+    ("npudist.launch_scope", "QUIET_S"): "npudist.launch.scope",
+    ("npudist.launch_hint", "cuda_hint"): "npudist.launch.hint",
+    # bench.py became the package npudist.bench (cli.py, rank.py)
+    ("npudist.bench", "app"): "npudist.bench.cli",
+    ("npudist.bench", "summarise"): "npudist.bench.cli",
+    ("npudist.bench", "bus_factor"): "npudist.bench.cli",
+    ("npudist.comm.bench_rank", "PROGRESS"): "npudist.bench.rank",
 }
 
 

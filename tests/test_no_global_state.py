@@ -46,7 +46,7 @@ ALLOWED = {
     "npudist.edge.cli.err": "rich Console on stderr: an output stream",
     "npudist.ranktable.cli.app": "typer app: the `npudist ranktable` command table, built at import",
     "npudist.ranktable.cli.err": "rich Console on stderr: an output stream",
-    "npudist.bench.app": "typer app: the `npudist bench` command table, built at import",
+    "npudist.bench.cli.app": "typer app: the `npudist bench` command table, built at import",
     "npudist.ops.activations.swish": "custom operator defined in torch.library at import (torch's dispatcher is "
                                      "process-wide); its kernel table mirrors what is registered there",
     "npudist.ops.activations.swish_backward": "as swish",

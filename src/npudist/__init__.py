@@ -54,6 +54,12 @@ _MOVED = MappingProxyType({
     "npudist.telemetry.job.detector": "npudist.diagnosis.straggler.detector",
     "npudist.telemetry.job.student_t": "npudist.diagnosis.straggler.student_t",
     "npudist.telemetry.job.skew": "npudist.diagnosis.straggler.skew",
+    "npudist.launch_options": "npudist.launch.options",
+    "npudist.launch_multinode": "npudist.launch.multinode",
+    "npudist.launch_scope": "npudist.launch.scope",
+    "npudist.launch_hint": "npudist.launch.hint",
+    "npudist.torchrun_parser": "npudist.launch.torchrun_parser",
+    "npudist.comm.bench_rank": "npudist.bench.rank",
 })
 install_moved(_MOVED)
 _SUBPACKAGES = frozenset({"accelerators", "checkpoint", "comm", "dashboards", "doctor", "edge", "infer", "lifecycle",

@@ -78,7 +78,7 @@ def launch(ctx: typer.Context) -> None:
 
     argv = list(ctx.args)
     if argv and argv[0] in ("-h", "--help"):
-        from npudist.launch_options import parser
+        from npudist.launch.options import parser
 
         parser().print_help()
         raise typer.Exit(0)

@@ -2,7 +2,7 @@
 plain torch.distributed in the same run.
 
 The parent only plans, starts the ranks (through `npudist launch`, i.e. torchrun), shows progress and
-prints; the timing happens in bench_rank.py. Bandwidth follows nccl-tests (doc/PERFORMANCE.md):
+prints; the timing happens in rank.py. Bandwidth follows nccl-tests (doc/PERFORMANCE.md):
 algbw = size / time, busbw = algbw * factor, with the per-collective factors below.
 """
 
@@ -99,7 +99,7 @@ def rank_command(op: str, nproc: int, size_list: list[int], dtype: str, out: str
                  baseline: bool, baseline_dtype: str | None, odd: bool, blocks: int, iters: int,
                  redop: str) -> list[str]:
     cmd = [sys.executable, "-m", "npudist", "launch", "--nproc-per-node", str(nproc), "-m",
-           "npudist.comm.bench_rank", "--op", op, "--dtype", dtype, "--sizes", ",".join(map(str, size_list)),
+           "npudist.bench.rank", "--op", op, "--dtype", dtype, "--sizes", ",".join(map(str, size_list)),
            "--blocks", str(blocks), "--iters", str(iters), "--redop", redop, "--out", out]
     if profile:
         cmd += ["--profile", profile]
@@ -141,7 +141,7 @@ def run_ranks(cmd: list[str], total: int, timeout: float, console: Console, show
     The lines are read on a thread, so the deadline holds even when a hung rank prints nothing.
     ``on_row`` gets each size's raw row as soon as rank 0 measured it.
     """
-    from npudist.comm.bench_rank import PROGRESS
+    from npudist.bench.rank import PROGRESS
 
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)

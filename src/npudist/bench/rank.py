@@ -26,7 +26,7 @@ PROGRESS = "NPUDIST_BENCH_PROGRESS"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="npudist.comm.bench_rank")
+    p = argparse.ArgumentParser(prog="npudist.bench.rank")
     p.add_argument("--op", required=True)
     p.add_argument("--redop", default="sum")
     p.add_argument("--dtype", required=True)

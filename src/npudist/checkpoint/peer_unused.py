@@ -2,7 +2,7 @@
 
 ``npudist launch --peer-snapshots K`` starts the holders and tells the ranks K; a script that never calls
 the snapshot API runs unprotected while the launch line says the holder serves (issue 46). The launcher
-sees no steps, so it can only say it after a time (launch_scope.QUIET_S) or at the end; a rank that runs
+sees no steps, so it can only say it after a time (launch.scope.QUIET_S) or at the end; a rank that runs
 npudist (``npudist.init()``) sees them: it counts the steps of its first optimizer (torch's global step
 hook, one Python call a step) and, once 2K steps have run with no copy sent, rank 0 says once that no
 snapshot was taken, and the rank's checkpoint stats carry the copy's age so that NpudistNoFreshPeerSnapshot

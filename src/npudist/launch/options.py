@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from types import MappingProxyType
 
+from npudist.launch.torchrun_parser import torchrun_parser
 from npudist.runtime.settings import SIMULATE_MODES
-from npudist.torchrun_parser import torchrun_parser
 
 USAGE = "npudist launch [npudist options] [torchrun options] SCRIPT [ARGS...]"
 DESCRIPTION = """\

@@ -1,30 +1,32 @@
-"""`npudist launch`: torchrun with device-aware defaults, or one MPI rank run directly.
+"""`npudist launch`'s plan: what to run, from the command line and the environment, without running it.
 
-torchrun's own parser and elastic agent do the work; this module only fills in what torchrun cannot
-know (how many devices this accelerator has, a free port on a single node) and maps MPI variables.
+torchrun's own parser and elastic agent do the work; the plan only fills in what torchrun cannot know (how
+many devices this accelerator has, a free port on a single node, the simulated NPU, the metrics ports, the
+peer holder's address) and maps MPI variables. runner.py carries it out.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from npudist import launch_multinode as multinode
-from npudist import launch_scope as scope
 from npudist.accelerators import Accelerator
-from npudist.launch_options import USAGE, parser
+from npudist.launch import multinode
+from npudist.launch.devices import check_devices, resolve_nproc
+from npudist.launch.errors import LaunchError
+from npudist.launch.errors import settings as _settings
+from npudist.launch.options import USAGE, parser
+from npudist.launch.ports import free_port, port_in_use
 from npudist.runtime import network
 from npudist.runtime.env import rank_info, torchrun_env
 from npudist.runtime.network import Interface
 from npudist.runtime.settings import (
     ACCELERATOR_VAR,
     DRY_RUN_VAR,
-    PG_WATCH_VAR,
     PORT_VAR,
     PROFILE_VAR,
     RUN_DIR_VAR,
@@ -33,14 +35,8 @@ from npudist.runtime.settings import (
     SIMULATE_MODES,
     SIMULATE_VAR,
     TENSORBOARD_VAR,
-    Settings,
-    SettingsError,
 )
 from npudist.telemetry.exposition.run_label import new_run_id
-
-
-class LaunchError(RuntimeError):
-    """The launch command cannot start as asked; the message says what to change."""
 
 
 @dataclass
@@ -129,81 +125,6 @@ def dry_run_steps(value: str | None) -> int | None:
     return int(value)
 
 
-def resolve_nproc(value: str | None, acc: Accelerator, env: Mapping[str, str]) -> int:
-    """`auto` (or nothing) -> one rank per device; on CPU 2 ranks unless NPUDIST_CPU_NPROC says otherwise."""
-    if value not in (None, "auto"):
-        if not str(value).isdigit() or int(value) < 1:
-            raise LaunchError(f"--nproc-per-node {value!r}: give a positive integer or 'auto'")
-        return int(value)
-    if acc.vendor.default_nproc is not None:
-        wanted = _settings(env).cpu_nproc if acc.device_type == "cpu" else None
-        return wanted or acc.vendor.default_nproc
-    count = acc.device_count()
-    if count < 1:
-        raise LaunchError(f"--nproc-per-node auto: {acc.name} reports no devices; pass a number instead")
-    return count
-
-
-ONE_DEVICE_PER_RANK = frozenset({"nccl", "hccl", "cncl"})
-"""Backends whose ranks each need a device of their own: NCCL refuses two ranks on one GPU ("Duplicate GPU
-detected", NCCL's init.cc), and HCCL and CNCL bind one communicator rank to one device likewise."""
-
-
-def visible_devices(acc: Accelerator, env: Mapping[str, str]) -> int | None:
-    """Devices the ranks of this node can use, or None when that cannot be known here (then nothing is
-    refused). The simulated NPU shows the chips a real host would: its ASCEND_RT_VISIBLE_DEVICES list, else
-    NPUDIST_SIM_CHIPS."""
-    if acc.vendor.simulated:
-        listed = [c for c in env.get(acc.vendor.visible_devices_var or "", "").split(",") if c.strip()]
-        return len(listed) or _settings(env).sim_chips
-    try:
-        return int(acc.device_count())
-    except Exception:  # a vendor runtime that cannot count here: the ranks will say what is wrong
-        return None
-
-
-def _check_devices(nproc: int, acc: Accelerator, env: Mapping[str, str]) -> None:
-    """More ranks than devices on a one-device-per-rank backend is refused before any rank starts."""
-    if acc.vendor.backend not in ONE_DEVICE_PER_RANK:
-        return
-    found = visible_devices(acc, env)
-    if found is None or nproc <= found:
-        return
-    var = acc.vendor.visible_devices_var
-    shown = f" ({var}={env[var]!r})" if var and var in env else ""
-    fixes = [f"--nproc-per-node {found}" if found else "a host with a device"]
-    if var:
-        fixes.append(f"make more devices visible with {var}")
-    fixes.append("--accelerator cpu to run the ranks on the CPU over gloo")
-    raise LaunchError(
-        f"--nproc-per-node {nproc} asks for {nproc} ranks on this node, but {acc.name} shows {found} device"
-        f"{'' if found == 1 else 's'}{shown}, and {acc.vendor.backend} needs one device per rank (two ranks on "
-        f"one device fail inside the collective library). Fix: {'; or '.join(fixes)}.")
-
-
-def _settings(env: Mapping[str, str]) -> Settings:
-    try:
-        return Settings.from_env(env)
-    except SettingsError as exc:
-        raise LaunchError(str(exc)) from None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host if host not in ("localhost",) else "127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def _strip_ours(tokens: list[str]) -> list[str]:
     out, skip = [], 0
     for tok in tokens:
@@ -265,7 +186,7 @@ def plan(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str],
     head = _strip_ours(head)
     nproc = resolve_nproc(ns.nproc_per_node if _option_given(head, ("--nproc-per-node", "--nproc_per_node"))
                           else None, acc, env)
-    _check_devices(nproc, acc, env)
+    check_devices(nproc, acc, env)
     head = [t for i, t in enumerate(head) if not _is_nproc_token(head, i)]
     head = ["--nproc-per-node", str(nproc), *head]
     single_node = str(ns.nnodes) in ("1", "1:1")
@@ -436,64 +357,3 @@ def _plan_mpi(ns: argparse.Namespace, head: list[str], tail: list[str], env: Map
                       script=None if ns.module or ns.no_python else script)
 
 
-def _build_watch() -> None:
-    """Build the process-group watch here, once, before the ranks start: each would otherwise wait on the
-    build lock at init() (10-30 s the first time a torch is used on a host). Never stops the launch."""
-    if os.environ.get(PG_WATCH_VAR, "native").lower() != "native":
-        return
-    from npudist.comm import pg_watch
-
-    if pg_watch.unsupported() is None and pg_watch.library_path().exists():
-        return
-    if pg_watch.unsupported() is None:
-        print("npudist launch: building the process-group watch for this torch (once per host and torch version)",
-              file=sys.stderr, flush=True)
-    try:
-        pg_watch.build()
-    except pg_watch.WatchUnavailable as exc:
-        print(f"npudist launch: {exc}; hangs in collectives npudist did not issue are then named only by the "
-              "collective timeout", file=sys.stderr, flush=True)
-        os.environ[PG_WATCH_VAR] = "off"  # said once here: the ranks (which inherit it) neither retry nor repeat it
-
-
-def run(argv: Sequence[str], acc: Accelerator, env: Mapping[str, str] | None = None) -> int:
-    """Run a plan: hand torchrun its arguments, or replace this process with the MPI rank's script.
-
-    Returns torchrun's outcome: 0, 1 when a rank failed (torchrun's summary on stderr), or 128 + the signal
-    number when stopped by a signal (the ranks say where they stopped; see examples/train_ddp.py).
-    """
-    the_plan = plan(argv, acc, dict(os.environ if env is None else env))
-    if the_plan.script is not None and not os.path.isfile(the_plan.script):
-        raise LaunchError(f"{the_plan.script}: no such file (the training script; for a module use -m MODULE)")
-    os.environ.update(the_plan.env_updates)  # torchrun's workers inherit this process's environment
-    for note in the_plan.notes:
-        print(f"npudist launch: {note}", file=sys.stderr, flush=True)
-    if the_plan.mode == "mpi":
-        # exec leaves nothing behind to clean up: under mpirun/srun the batch script's trap empties the file.
-        if the_plan.targets_file:
-            from npudist.telemetry.exposition.targets import write_targets
-
-            write_targets(the_plan.targets_file, the_plan.targets)
-        os.execvpe(the_plan.exec_argv[0], the_plan.exec_argv, the_plan.exec_env)
-    _build_watch()
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
-
-    from npudist.comm.hang import local_ranks
-
-    try:
-        with scope.stop_signals_raise(), scope.quiet_stop(), scope.published(the_plan), scope.peer_holder(the_plan), \
-                local_ranks.watching():
-            torchrun_main(the_plan.torchrun_argv)
-    except ChildFailedError as exc:
-        print(exc.format_msg(), file=sys.stderr)
-        from npudist.launch_hint import cuda_hint
-
-        hint = cuda_hint(the_plan.script, "npu" if the_plan.env_updates.get(SIMULATE_VAR) else acc.device_type)
-        if hint:
-            print(f"npudist launch: {hint}", file=sys.stderr)
-        return 1
-    except SignalException as exc:
-        return 128 + int(exc.sigval)
-    return 0

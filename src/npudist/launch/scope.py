@@ -17,7 +17,7 @@ from typing import Protocol
 
 
 class LaunchPlan(Protocol):
-    """What these contexts read of launch.py's LaunchPlan (named here, not imported: launch imports this)."""
+    """What these contexts read of planner.py's LaunchPlan (named here, not imported: runner.py imports this)."""
 
     targets_file: str | None
     targets: list[dict[str, object]]

@@ -6,7 +6,7 @@ A malformed value is an error naming the variable and what to put there, never a
 
 Not here, because they are protocol between npudist's own processes rather than settings:
 ``NPUDIST_BROKEN_BACKEND`` (backend_guard.py: the CLI re-executing itself), ``NPUDIST_BENCH_PROGRESS``
-(comm/bench_rank.py: bench ranks reporting to their parent), ``NPUDIST_SD_DIR`` (a shell variable of
+(bench/rank.py: bench ranks reporting to their parent), ``NPUDIST_SD_DIR`` (a shell variable of
 the generated sbatch script, deploy/slurm.py) and ``NPUDIST_TEST_CHECKPOINT_DELAY_S`` and
 ``NPUDIST_TEST_SYNC_CHECKPOINT_DELAY_S`` (checkpoint/writer.py's SlowDisk: a test harness's slow disk, read
 once when the process's checkpoint writer is made).

@@ -154,7 +154,7 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
         victim = c.nodes[-1]
         logs = [_Log(run / f"{n.hostname}.log") for n in c.nodes]
         for n in c.nodes:
-            # What a user types: each node's holder finds its own address (launch_multinode.peer_holder_bind).
+            # What a user types: each node's holder finds its own address (launch.multinode.peer_holder_bind).
             extra = ["--peer-snapshots", str(peer_snapshots)] if peer_snapshots else []
             c.launch(n, job if mon else [*job, "--no-telemetry"], nproc=nproc, elastic=True,
                      env=mon.env(n, env) if mon else env,
