@@ -7,7 +7,7 @@ import torch
 
 from npudist.comm import PROFILES, describe, profile
 from npudist.comm.buffers import BufferPool, aligned_empty
-from npudist.comm.plan import neutral, plan_copy, plan_reduce
+from npudist.comm.plan import TensorFacts, neutral, plan_copy, plan_reduce
 from npudist.comm.recorder import DURATION_BUCKETS, Recorder
 
 STRICT = PROFILES["hccl-strict"]
@@ -17,48 +17,49 @@ ALIGNED = 1024  # a data pointer that satisfies every alignment rule
 
 
 def test_bf16_under_strict_is_cast_to_float32_and_nothing_else():
-    p = plan_reduce(STRICT, "sum", torch.bfloat16, 256, True, ALIGNED, "cpu")
+    p = plan_reduce(STRICT, "sum", TensorFacts(torch.bfloat16, 256, True, ALIGNED, "cpu"))
     assert p.work_dtype == torch.float32
     assert p.kinds == ("cast",)
     assert (p.chunk, p.padded_chunk) == (256, 256)
 
 
 def test_odd_count_strided_under_strict_is_padded_to_128_and_made_contiguous():
-    p = plan_reduce(STRICT, "max", torch.float32, 130, False, ALIGNED, "cpu")
+    p = plan_reduce(STRICT, "max", TensorFacts(torch.float32, 130, False, ALIGNED, "cpu"))
     assert p.padded_chunk == 256
     assert p.kinds == ("contiguous", "pad")
 
 
 def test_misaligned_pointer_alone_costs_an_align_copy():
-    p = plan_reduce(STRICT, "sum", torch.float32, 128, True, ALIGNED + 4, "cpu")
+    p = plan_reduce(STRICT, "sum", TensorFacts(torch.float32, 128, True, ALIGNED + 4, "cpu"))
     assert p.kinds == ("align",) and p.copy
 
 
 def test_reduce_scatter_pads_each_chunk():
     # 2 ranks x 3 elements: each rank's chunk becomes 128 elements.
-    p = plan_reduce(STRICT, "sum", torch.float16, 6, True, ALIGNED, "cpu", chunks=2)
+    p = plan_reduce(STRICT, "sum", TensorFacts(torch.float16, 6, True, ALIGNED, "cpu"), chunks=2)
     assert (p.chunk, p.padded_chunk) == (3, 128)
 
 
 def test_gloo_has_no_int16_so_it_widens_to_int32():
     # ProcessGroupGloo answers "Invalid scalar type" for int16 (checked on torch 2.13).
-    assert plan_reduce(GLOO, "sum", torch.int16, 10, True, ALIGNED, "cpu").work_dtype == torch.int32
+    assert plan_reduce(GLOO, "sum", TensorFacts(torch.int16, 10, True, ALIGNED, "cpu")).work_dtype == torch.int32
 
 
 def test_hccl_product_on_bf16_widens_to_float32_but_sum_stays_bf16():
     # CANN HcclAllReduce on Atlas A2/A3: bf16 supported except for prod.
-    assert plan_reduce(HCCL, "product", torch.bfloat16, 8, True, ALIGNED, "npu").work_dtype == torch.float32
-    assert plan_reduce(HCCL, "sum", torch.bfloat16, 8, True, ALIGNED, "npu").kinds == ()
+    product = plan_reduce(HCCL, "product", TensorFacts(torch.bfloat16, 8, True, ALIGNED, "npu"))
+    assert product.work_dtype == torch.float32
+    assert plan_reduce(HCCL, "sum", TensorFacts(torch.bfloat16, 8, True, ALIGNED, "npu")).kinds == ()
 
 
 def test_avg_without_native_avg_is_sum_then_divide():
-    p = plan_reduce(HCCL, "avg", torch.float32, 8, True, ALIGNED, "npu")
+    p = plan_reduce(HCCL, "avg", TensorFacts(torch.float32, 8, True, ALIGNED, "npu"))
     assert (p.native_op, p.divide, p.kinds) == ("sum", True, ())
 
 
 def test_bitwise_on_float_names_backend_op_dtype_and_supported_set():
     with pytest.raises(TypeError) as err:
-        plan_reduce(GLOO, "band", torch.float32, 8, True, ALIGNED, "cpu", backend="gloo")
+        plan_reduce(GLOO, "band", TensorFacts(torch.float32, 8, True, ALIGNED, "cpu"), backend="gloo")
     msg = str(err.value)
     for part in ("'band'", "torch.float32", "backend gloo", "{bool, int32, int64, int8, uint8}"):
         assert part in msg
@@ -66,26 +67,26 @@ def test_bitwise_on_float_names_backend_op_dtype_and_supported_set():
 
 def test_int_under_strict_is_refused_with_the_float_only_set():
     with pytest.raises(TypeError, match=r"torch.int32 .*\{float16, float32\}"):
-        plan_reduce(STRICT, "sum", torch.int32, 8, True, ALIGNED, "cpu")
+        plan_reduce(STRICT, "sum", TensorFacts(torch.int32, 8, True, ALIGNED, "cpu"))
 
 
 def test_avg_of_integers_is_refused():
     with pytest.raises(TypeError, match="avg needs a floating-point tensor"):
-        plan_reduce(HCCL, "avg", torch.int32, 8, True, ALIGNED, "npu")
+        plan_reduce(HCCL, "avg", TensorFacts(torch.int32, 8, True, ALIGNED, "npu"))
 
 
 def test_movement_reinterprets_bytes_same_width_first():
-    p = plan_copy(STRICT, torch.bfloat16, 2, 128, True, ALIGNED, "cpu")
+    p = plan_copy(STRICT, TensorFacts(torch.bfloat16, 128, True, ALIGNED, "cpu"))
     assert (p.work_dtype, p.reinterpret, p.padded_chunk, p.kinds) == (torch.float16, True, 128, ("cast",))
     # 3 int64 = 24 bytes = 12 float16 words, padded to 128.
-    p = plan_copy(STRICT, torch.int64, 8, 3, True, ALIGNED, "cpu")
+    p = plan_copy(STRICT, TensorFacts(torch.int64, 3, True, ALIGNED, "cpu"))
     assert (p.work_dtype, p.padded_chunk, p.kinds) == (torch.float16, 128, ("cast", "pad"))
 
 
 def test_device_tensors_are_staged_where_the_row_says_so():
-    p = plan_reduce(PROFILES["rknpu"], "sum", torch.float32, 4, True, ALIGNED, "cuda")
+    p = plan_reduce(PROFILES["rknpu"], "sum", TensorFacts(torch.float32, 4, True, ALIGNED, "cuda"))
     assert p.stage and p.kinds == ("stage",)
-    assert plan_reduce(PROFILES["rknpu"], "sum", torch.float32, 4, True, ALIGNED, "cpu").kinds == ()
+    assert plan_reduce(PROFILES["rknpu"], "sum", TensorFacts(torch.float32, 4, True, ALIGNED, "cpu")).kinds == ()
 
 
 @pytest.mark.parametrize(("op", "dtype", "value"), [

@@ -13,7 +13,7 @@ import torch
 
 from npudist.comm.constraints import HCCL_STRICT
 from npudist.comm.pipeline import chunk_bounds, chunk_unit, eligible
-from npudist.comm.plan import plan_reduce
+from npudist.comm.plan import TensorFacts, plan_reduce
 from npudist.comm.recorder import Recorder
 from tests.conftest import run_npudist
 
@@ -42,7 +42,7 @@ def test_chunk_unit_keeps_element_multiple_and_byte_alignment():
 
 def test_only_large_synchronous_contiguous_copies_are_chunked():
     big = torch.zeros(4 * 2**20, dtype=torch.bfloat16)  # 8 MiB
-    plan = plan_reduce(HCCL_STRICT, "sum", big.dtype, big.numel(), True, big.data_ptr(), "cpu")
+    plan = plan_reduce(HCCL_STRICT, "sum", TensorFacts(big.dtype, big.numel(), True, big.data_ptr(), "cpu"))
     assert eligible(plan, big, big.numel() * 2, async_op=False)
     assert not eligible(plan, big, big.numel() * 2, async_op=True)
     small = torch.zeros(10, dtype=torch.bfloat16)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from npudist.comm import context, handshake
 from npudist.comm.buffers import aligned_empty, pinning_available
 from npudist.comm.collectives import OPS, _check_op, _check_tensor, all_reduce
-from npudist.comm.plan import Plan, neutral, plan_reduce
+from npudist.comm.plan import Plan, TensorFacts, neutral, plan_reduce
 from npudist.comm.state import state
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -60,13 +60,13 @@ def _build(tensors: Sequence[torch.Tensor], op: str, bucket_bytes: int,
         first = tensors[indices[0]]
         numel = sum(tensors[i].numel() for i in indices)
         if len(indices) == 1:
-            plan = plan_reduce(c, op, first.dtype, numel, first.is_contiguous(), first.data_ptr(),
-                               first.device.type, backend=ctx.backend)
+            plan = plan_reduce(c, op, TensorFacts(first.dtype, numel, first.is_contiguous(), first.data_ptr(),
+                                                  first.device.type), backend=ctx.backend)
             if not plan.copy:
                 buckets.append(_Bucket(indices, plan, direct=True))
                 continue
         # A fresh flat buffer is contiguous and aligned: only cast, pad and stage can remain.
-        plan = plan_reduce(c, op, first.dtype, numel, True, 0, first.device.type, backend=ctx.backend)
+        plan = plan_reduce(c, op, TensorFacts(first.dtype, numel, device_type=first.device.type), backend=ctx.backend)
         device = torch.device("cpu") if plan.stage else first.device
         pin = plan.stage and pinning_available(first.device)
         flat = aligned_empty(plan.padded_chunk, plan.work_dtype, device, max(c.alignment_bytes, 64), pin)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from npudist.comm import context, handshake, pipeline
 from npudist.comm.buffers import Lease, aligned_empty, pinning_available
 from npudist.comm.flat_gather import all_gather_flat
-from npudist.comm.plan import Plan, neutral, plan_copy, plan_reduce
+from npudist.comm.plan import Plan, TensorFacts, neutral, plan_copy, plan_reduce
 from npudist.runtime import compat
 
 R = dist.ReduceOp
@@ -221,7 +221,7 @@ def all_reduce(t: torch.Tensor, op: str = "sum", group: object | None = None,
             _record_done(ctx, "all_reduce", t.numel() * t.element_size(), start=start, kinds=())
         return t
     n = t.numel()
-    plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, backend=ctx.backend)
+    plan = plan_reduce(c, op, TensorFacts.of(t), backend=ctx.backend)
     if ctx.debug:
         _debug("all_reduce", t, group, ctx)
     nbytes = n * t.element_size()
@@ -267,8 +267,7 @@ def broadcast(t: torch.Tensor, src: int = 0, group: object | None = None,
     _check_tensor("broadcast", t)
     n = t.numel()
     nbytes = n * t.element_size()
-    plan = plan_copy(c, t.dtype, t.element_size(), n, t.is_contiguous(), t.data_ptr(), t.device.type,
-                     ctx.backend)
+    plan = plan_copy(c, TensorFacts.of(t), backend=ctx.backend)
     if ctx.debug:
         _debug("broadcast", t, group, ctx)
     call = _Call("broadcast", ctx, start)
@@ -305,8 +304,7 @@ def all_gather(t: torch.Tensor, group: object | None = None, async_op: bool = Fa
     _check_tensor("all_gather", t)
     n, world = t.numel(), ctx.world
     nbytes = n * t.element_size()
-    plan = plan_copy(c, t.dtype, t.element_size(), n, t.is_contiguous(), t.data_ptr(), t.device.type,
-                     ctx.backend)
+    plan = plan_copy(c, TensorFacts.of(t), backend=ctx.backend)
     if ctx.debug:
         _debug("all_gather", t, group, ctx)
     call = _Call("all_gather", ctx, start)
@@ -360,8 +358,7 @@ def reduce_scatter(t: torch.Tensor, op: str = "sum", group: object | None = None
     rows = t.shape[0] // world
     out_shape = (rows, *t.shape[1:])
     nbytes = n * t.element_size()
-    plan = plan_reduce(c, op, t.dtype, n, t.is_contiguous(), t.data_ptr(), t.device.type, chunks=world,
-                       backend=ctx.backend)
+    plan = plan_reduce(c, op, TensorFacts.of(t), chunks=world, backend=ctx.backend)
     call = _Call("reduce_scatter", ctx, start)
     if _gloo_reduce_scatter_unsound(ctx.backend, op):
         # All ranks reduce the whole tensor and keep their slice: world times the traffic, right values.

@@ -6,6 +6,7 @@ No I/O and no process group here, so every rule can be unit-tested on plain dtyp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,21 @@ class Plan:
     """Divide by the world size after the library call (emulated avg)."""
     reinterpret: bool = False
     """Movement only: the bytes travel as work_dtype without a value conversion."""
+
+
+class TensorFacts(NamedTuple):
+    """What planning needs of a tensor, read off it once by the caller so that this module stays pure."""
+
+    dtype: torch.dtype
+    numel: int
+    contiguous: bool = True
+    data_ptr: int = 0
+    """Its address, for the alignment rule (0 satisfies every alignment)."""
+    device_type: str = "cpu"
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorFacts:
+        return cls(t.dtype, t.numel(), t.is_contiguous(), t.data_ptr(), t.device.type)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -65,37 +81,34 @@ def reduce_dtype(c: Constraints, op: str, dtype: torch.dtype, backend: str) -> t
     )
 
 
-def plan_reduce(c: Constraints, op: str, dtype: torch.dtype, numel: int, contiguous: bool, data_ptr: int,
-                device_type: str, *, chunks: int = 1, backend: str = "") -> Plan:
-    """Adaptations for a reduction of ``numel`` elements split into ``chunks`` equal chunks."""
-    work, native_op, divide = reduce_dtype(c, op, dtype, backend or c.name)
-    return _finish(c, dtype, work, numel=numel, contiguous=contiguous, data_ptr=data_ptr, device_type=device_type,
-                   chunks=chunks, native_op=native_op, divide=divide)
+def plan_reduce(c: Constraints, op: str, t: TensorFacts, *, chunks: int = 1, backend: str = "") -> Plan:
+    """Adaptations for a reduction of ``t`` split into ``chunks`` equal chunks."""
+    work, native_op, divide = reduce_dtype(c, op, t.dtype, backend or c.name)
+    return _finish(c, t, work, chunks=chunks, native_op=native_op, divide=divide)
 
 
-def plan_copy(c: Constraints, dtype: torch.dtype, itemsize: int, numel: int, contiguous: bool, data_ptr: int,
-              device_type: str, backend: str = "") -> Plan:
+def plan_copy(c: Constraints, t: TensorFacts, *, backend: str = "") -> Plan:
     """Adaptations for moving data (broadcast, all_gather): unsupported dtypes travel as raw bytes."""
-    if dtype in c.copy_dtypes:
-        return _finish(c, dtype, dtype, numel=numel, contiguous=contiguous, data_ptr=data_ptr, device_type=device_type)
+    if t.dtype in c.copy_dtypes:
+        return _finish(c, t, t.dtype)
     if not c.copy_dtypes:
         raise TypeError(f"backend {backend or c.name} (profile {c.name!r}) moves no dtype at all")
+    itemsize = _itemsize(t.dtype)
     same = [d for d in c.copy_dtypes if _itemsize(d) == itemsize]
     # Same width first (no padding), else the narrowest supported one (least padding).
     work = min(same or c.copy_dtypes, key=lambda d: (_itemsize(d), str(d)))
-    return _finish(c, dtype, work, numel=numel, contiguous=contiguous, data_ptr=data_ptr, device_type=device_type,
-                   reinterpret=True)
+    return _finish(c, t, work, reinterpret=True)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()
 
 
-def _finish(c: Constraints, dtype: torch.dtype, work: torch.dtype, *, numel: int, contiguous: bool, data_ptr: int,
-            device_type: str, chunks: int = 1, native_op: str = "", divide: bool = False,
-            reinterpret: bool = False) -> Plan:
-    """The Plan of moving a ``dtype`` tensor (its facts as keywords) as ``work`` through the row ``c``."""
-    chunk = numel // chunks if chunks else numel
+def _finish(c: Constraints, t: TensorFacts, work: torch.dtype, *, chunks: int = 1, native_op: str = "",
+            divide: bool = False, reinterpret: bool = False) -> Plan:
+    """The Plan of handing ``t`` to the library as ``work`` under the row ``c``."""
+    dtype, contiguous, data_ptr, device_type = t.dtype, t.contiguous, t.data_ptr, t.device_type
+    chunk = t.numel // chunks if chunks else t.numel
     work_chunk = -(-chunk * _itemsize(dtype) // _itemsize(work)) if reinterpret else chunk
     padded = _round_up(work_chunk, c.element_multiple) if c.element_multiple > 1 else work_chunk
     kinds: list[str] = []
