@@ -83,3 +83,17 @@ def test_a_spike_warns_and_the_job_goes_on(sentinel):
         _backward(sentinel, w, value)
         opt.step()
     assert len(sentinel.lines) == 1 and "loss spike at step 3 on rank 0" in sentinel.lines[0]
+
+
+def test_without_a_watched_loop_the_stop_is_one_line_on_rank_0_and_nothing_elsewhere(sentinel, capsys):
+    import sys
+
+    from npudist.diagnosis.nonfinite import Culprit, NonFiniteStop
+
+    exc = NonFiniteError(NonFiniteStop(step=4, culprits=(Culprit(rank=1, host="h", card="c", loss=math.nan),)))
+    sys.excepthook(NonFiniteError, exc, None)
+    assert capsys.readouterr().out.splitlines() == [str(exc)]
+    sentinel.ctx = SimpleNamespace(**{**vars(CTX), "rank": 1, "is_main": False})
+    sys.excepthook(NonFiniteError, exc, None)
+    out = capsys.readouterr()
+    assert out.out == "" and "Traceback" not in out.err

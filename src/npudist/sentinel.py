@@ -72,6 +72,8 @@ class Sentinel:
         self.stopped: NonFiniteStop | None = None
         self.steps = 0
         """Optimizer steps taken (the step number where no watched loop numbers them)."""
+        self.loop_catches: Callable[[], bool] = lambda: False
+        """Whether a started watched loop's excepthook says the stop (then this one leaves it to that)."""
         self._models: list[Any] = []
         self._loss: Any = None
         self._installed = False
@@ -118,9 +120,23 @@ class Sentinel:
         scale.__wrapped__ = original_scale  # type: ignore[attr-defined]
         scaler_class.scale = scale
         handle = optimizer_module.register_optimizer_step_pre_hook(self._before_step)
+        previous_hook = sys.excepthook
+
+        def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+            # The stop's one line, not a traceback per rank, also where no watched loop catches it (plain
+            # torchrun); a started loop's own hook (training.py) says it and marks the run failed.
+            if issubclass(exc_type, NonFiniteError) and not self.loop_catches():
+                if self.ctx.is_main:
+                    print(str(exc), flush=True)
+                return
+            previous_hook(exc_type, exc, tb)
+
+        sys.excepthook = excepthook
 
         def uninstall() -> None:
             handle.remove()
+            if sys.excepthook is excepthook:
+                sys.excepthook = previous_hook
             if torch.Tensor.__dict__.get("backward") is backward:
                 torch.Tensor.backward = original_backward
             if scaler_class.__dict__.get("scale") is scale:
@@ -219,6 +235,8 @@ def attach(rt: Any, model: Any) -> None:
         sentinel = Sentinel(rt.context, mode=settings.sentinel, spike_factor=settings.spike_factor,
                             skip_warn=settings.skip_warn, run_dir=settings.run_dir,
                             step_of=(lambda: loop.step if loop.started else None) if loop is not None else None)
+        if loop is not None:
+            sentinel.loop_catches = lambda: bool(loop.started)
         rt.sentinel = sentinel
         rt.own("telemetry", sentinel.install())
     sentinel.watch(model)
