@@ -88,12 +88,19 @@ def test_a_spike_warns_and_the_job_goes_on(sentinel):
 def test_without_a_watched_loop_the_stop_is_one_line_on_rank_0_and_nothing_elsewhere(sentinel, capsys):
     import sys
 
-    from npudist.diagnosis.nonfinite import Culprit, NonFiniteStop
-
-    exc = NonFiniteError(NonFiniteStop(step=4, culprits=(Culprit(rank=1, host="h", card="c", loss=math.nan),)))
+    before = sys.excepthook
+    w = torch.ones(2, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.5)
+    _backward(sentinel, w, math.nan)
+    with pytest.raises(NonFiniteError) as caught:
+        opt.step()
+    exc = caught.value
+    assert sys.excepthook is not before  # hooked at the stop only
     sys.excepthook(NonFiniteError, exc, None)
     assert capsys.readouterr().out.splitlines() == [str(exc)]
     sentinel.ctx = SimpleNamespace(**{**vars(CTX), "rank": 1, "is_main": False})
     sys.excepthook(NonFiniteError, exc, None)
     out = capsys.readouterr()
     assert out.out == "" and "Traceback" not in out.err
+    sentinel._restore_excepthook()
+    assert sys.excepthook is before

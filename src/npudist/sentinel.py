@@ -77,6 +77,7 @@ class Sentinel:
         self._models: list[Any] = []
         self._loss: Any = None
         self._installed = False
+        self._hooked: tuple[Callable[..., None], Callable[..., None]] | None = None
 
     def watch(self, model: Any) -> None:
         from npudist.comm.ddp import gradient_sync
@@ -120,23 +121,10 @@ class Sentinel:
         scale.__wrapped__ = original_scale  # type: ignore[attr-defined]
         scaler_class.scale = scale
         handle = optimizer_module.register_optimizer_step_pre_hook(self._before_step)
-        previous_hook = sys.excepthook
-
-        def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-            # The stop's one line, not a traceback per rank, also where no watched loop catches it (plain
-            # torchrun); a started loop's own hook (training.py) says it and marks the run failed.
-            if issubclass(exc_type, NonFiniteError) and not self.loop_catches():
-                if self.ctx.is_main:
-                    print(str(exc), flush=True)
-                return
-            previous_hook(exc_type, exc, tb)
-
-        sys.excepthook = excepthook
 
         def uninstall() -> None:
             handle.remove()
-            if sys.excepthook is excepthook:
-                sys.excepthook = previous_hook
+            self._restore_excepthook()
             if torch.Tensor.__dict__.get("backward") is backward:
                 torch.Tensor.backward = original_backward
             if scaler_class.__dict__.get("scale") is scale:
@@ -191,7 +179,29 @@ class Sentinel:
         self.stopped = NonFiniteStop(step=step, culprits=culprits, gradient=gradient)
         if self.ctx.is_main:
             self._record(self.stopped)
+        if not self.loop_catches():
+            self._say_at_exit()
         raise NonFiniteError(self.stopped)
+
+    def _say_at_exit(self) -> None:
+        """The stop's one line from rank 0, not a traceback per rank, where no started watched loop's hook
+        (training.py, which also marks the run failed) says it: plain torchrun. Installed only now, at the
+        stop, so a healthy run's excepthooks are never stacked (and unstacked) in an order that leaks one."""
+        previous = sys.excepthook
+
+        def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+            if not issubclass(exc_type, NonFiniteError):
+                previous(exc_type, exc, tb)
+            elif self.ctx.is_main:
+                print(str(exc), flush=True)
+
+        sys.excepthook = excepthook
+        self._hooked = (excepthook, previous)
+
+    def _restore_excepthook(self) -> None:
+        hooked, self._hooked = self._hooked, None
+        if hooked is not None and sys.excepthook is hooked[0]:
+            sys.excepthook = hooked[1]
 
     def _names(self, params: tuple[Any, ...]) -> list[str]:
         wanted = {id(p) for p in params}
