@@ -122,9 +122,8 @@ LAUNCHER_VARIABLES = (r"(?:MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|WORLD_SIZE|LO
                       r"|TORCHELASTIC_\w+)")
 # Modules that look these variables up without reading this worker's launcher: launch reads the launching
 # shell's environment to fill a child's (a plan, tested as data), mttr another process's; the rest belong to
-# moves in progress by other hands this session (comm/hang, sim), and switch to launcher_env after them.
-NOT_READERS = ("runtime/env.py", "launch.py", "launch_multinode.py", "launch/", "testing/mttr.py", "sim/",
-               "comm/hang/")
+# moves in progress by other hands this session (sim), and switch to launcher_env after them.
+NOT_READERS = ("runtime/env.py", "launch.py", "launch_multinode.py", "launch/", "testing/mttr.py", "sim/")
 """Paths relative to src/npudist; one ending in / covers its folder."""
 
 

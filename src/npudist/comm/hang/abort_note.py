@@ -10,23 +10,25 @@ import os
 import sys
 import time
 
+from npudist.runtime.env import launcher_env
+
 log = logging.getLogger("npudist.comm")
 
 
 def restart_note() -> str:
     """What happens after an abort, from what torchrun tells its workers (TORCHELASTIC_* variables)."""
-    left = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "").strip()
-    done = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
-    if left.isdigit() and done.isdigit() and int(left) > int(done):
-        return f"the launcher restarts the job (restart {int(done) + 1} of --max-restarts {left})"
-    return ("nothing restarts it (--max-restarts " + (left or "0") + "): fix or replace the culprit, then run the "
-            "same command again; it resumes from the last checkpoint")
+    told = launcher_env(os.environ)
+    if told.max_restarts is not None and told.max_restarts > told.restart_count:
+        return (f"the launcher restarts the job (restart {told.restart_count + 1} of --max-restarts "
+                f"{told.max_restarts})")
+    return (f"nothing restarts it (--max-restarts {told.max_restarts or 0}): fix or replace the culprit, then run "
+            "the same command again; it resumes from the last checkpoint")
 
 
 def write_error_file(message: str, when: float | None) -> None:
     """torchrun's per-worker error file, if it gave one; best effort (the exit goes on regardless). ``when``:
     the verdict's time (torchrun names the earliest failure as the root cause), else now."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "").strip()
+    path = launcher_env(os.environ).error_file
     if not path:
         return
     stamp = int(when) if when is not None and math.isfinite(when) else int(time.time())

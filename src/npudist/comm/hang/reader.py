@@ -53,6 +53,7 @@ from npudist.diagnosis.rank_states import Look
 from npudist.diagnosis.record import GroupInfo, Records, parse_record, position
 from npudist.diagnosis.verdict import Verdict
 from npudist.runtime import compat
+from npudist.runtime.env import launcher_env
 from npudist.runtime.report_file import write_report
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ class HangReader:
         silent suspect (torchrun's node = a block of LOCAL_WORLD_SIZE ranks, confirmed by the host each
         published) are looked at too, and the silent ones join the culprits. O(ranks per node)."""
         silent = [r for r in found.ranks if r not in answered]
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+        per_node = launcher_env(os.environ).local_world_size or 0
         if found.kind != "behind" or not silent or not found.waiting or per_node < 2:
             return found, answered, looks
         blocks = {r // per_node for r in silent}

@@ -30,13 +30,14 @@ from npudist.diagnosis.record import (  # noqa: F401  (the record's readers impo
     position,
 )
 from npudist.runtime import compat
+from npudist.runtime.env import launcher_env
 from npudist.runtime.state import peek
 
 log = logging.getLogger("npudist.comm")
 
 
 def _attempt() -> str:
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return str(launcher_env(os.environ).restart_count)
 
 
 def _key(rank: int | str) -> str:
@@ -76,8 +77,7 @@ def _where_i_run() -> dict[str, Any]:
     from npudist.comm.hang.process_table import identity
 
     rt = peek()
-    local = os.environ.get("LOCAL_RANK", "")
-    return {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": int(local) if local.isdigit() else None,
+    return {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": launcher_env(os.environ).local_rank,
             "accelerator": getattr(rt.accelerator, "name", None) if rt is not None else None,
             "process_table": identity()}
 

@@ -52,6 +52,7 @@ from npudist.comm.hang.store import (
     who_key,
 )
 from npudist.diagnosis.record import GROUPS_AT_MOST, Record, Records
+from npudist.runtime.env import launcher_env
 
 log = logging.getLogger("npudist.comm")
 DIST_STORE_ERRORS = (RuntimeError, OSError, TimeoutError)
@@ -210,10 +211,11 @@ class Watchdog:
         if self._store is None:
             self._store = shared_store()
             if self._store is None:  # a group made without a store we can reach: our own client
-                addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-                if not addr or not port:
+                where = launcher_env(os.environ)
+                if not where.master_addr or not where.master_port.isdigit():
                     return None
-                self._store = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=10),
+                self._store = dist.TCPStore(where.master_addr, int(where.master_port), is_master=False,
+                                            timeout=timedelta(seconds=10),
                                             wait_for_workers=False)
         return self._store
 
@@ -350,7 +352,7 @@ class Watchdog:
         if rec is None or rec.state != "entered" or self.hang_action != "abort" \
                 or lost_s < (self.hang_timeout_s or CUT_OFF_S):
             return
-        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        where = launcher_env(os.environ).address()
         self._abort(f"rank {rec.rank} ({socket.gethostname()}): cut off from the job for {lost_s:.0f} s inside "
                     f"{rec.op} #{rec.seq}: every call to the job's store at {where} fails "
                     f"({type(exc).__name__}: {str(exc).strip()[:200]}). This node was partitioned from the "
