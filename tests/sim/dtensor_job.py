@@ -99,9 +99,10 @@ def main() -> None:
     torch.npu.set_rng_state(state)
     again = torch.distributed.tensor.randn((4 * world, 4), device_mesh=mesh, placements=[Shard(0)])
     r["rng_restored"] = torch.equal(again.to_local().to("cpu"), sharded.to_local().to("cpu"))
-    dist.destroy_process_group()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(r))
+    dist.destroy_process_group()
+    os._exit(0)  # as parallel_job.py: gloo groups still held by the mesh must not be joined at finalization
 
 
 if __name__ == "__main__":
