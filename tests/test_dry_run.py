@@ -42,7 +42,8 @@ import sys
 from pathlib import Path
 import torch
 import npudist
-from npudist import checkpoint, dry_run
+from npudist import checkpoint
+from npudist.training import dry_run
 npudist.init()
 model = torch.nn.Linear(4, 3)
 opt = torch.optim.Adam(model.parameters())

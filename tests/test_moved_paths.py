@@ -24,6 +24,8 @@ MOVED_MODULES = {
     "npudist.backend_guard": "npudist.accelerators.backend_guard",
     "npudist.toolrun": "npudist.runtime.toolrun",
     "npudist.runlog_schema": "npudist.telemetry.runlog_schema",
+    "npudist.sentinel": "npudist.training.sentinel",
+    "npudist.dry_run": "npudist.training.dry_run",
     "npudist.launch_options": "npudist.launch.options",
     "npudist.launch_multinode": "npudist.launch.multinode",
     "npudist.launch_scope": "npudist.launch.scope",
@@ -46,6 +48,7 @@ MOVED_NAMES = {
     ("npudist.accelerators.place", "Place"): "npudist.diagnosis.place",
     ("npudist.backend_guard", "from_env"): "npudist.accelerators.backend_guard",
     ("npudist.runlog_schema", "check"): "npudist.telemetry.runlog_schema",
+    ("npudist.sentinel", "NonFiniteError"): "npudist.training.sentinel",
     # launch.py became the package npudist.launch (split by concept); its names stay importable from it
     ("npudist.launch", "plan"): "npudist.launch.planner",
     ("npudist.launch", "LaunchPlan"): "npudist.launch.planner",

@@ -1,6 +1,6 @@
-"""npudist/sentinel.py in one process, its bucket faked: the hooks find the loss of a plain ``loss.backward()``,
-a flagged step never reaches its optimizer update, a GradScaler's skipped steps are counted and warn, a spike
-warns, and uninstall gives torch back as it was."""
+"""npudist/training/sentinel.py in one process, its bucket faked: the hooks find the loss of a plain
+``loss.backward()``, a flagged step never reaches its optimizer update, a GradScaler's skipped steps are
+counted and warn, a spike warns, and uninstall gives torch back as it was."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from npudist.sentinel import NonFiniteError, Sentinel
+from npudist.training.sentinel import NonFiniteError, Sentinel
 
 
 class Bucket:

@@ -1,4 +1,4 @@
-"""npudist.loop/step/log/ddp (src/npudist/training.py) in one process: a world of one, no launcher.
+"""npudist.loop/step/log/ddp (src/npudist/training/__init__.py) in one process: a world of one, no launcher.
 
 One child process (the hooks are process-wide): a loop without an optimizer marks its steps with
 npudist.step(), logs its loss, and after npudist.shutdown() nothing npudist put into torch or Python is

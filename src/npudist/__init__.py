@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from npudist.comm import active_constraints as constraints
     from npudist.comm import all_gather, all_reduce, all_reduce_many, broadcast, busy, reduce_scatter
     from npudist.lifecycle import DistContext, DistInitError, init, shutdown
-    from npudist.sentinel import NonFiniteError
     from npudist.training import ddp, log, loop, step
+    from npudist.training.sentinel import NonFiniteError
 
 _WHERE = MappingProxyType({
     "Accelerator": "npudist.accelerators",
@@ -39,13 +39,15 @@ _WHERE = MappingProxyType({
     "DistInitError": "npudist.lifecycle",
     "init": "npudist.lifecycle",
     "shutdown": "npudist.lifecycle",
-    "NonFiniteError": "npudist.sentinel",
+    "NonFiniteError": "npudist.training.sentinel",
 })
 _MOVED = MappingProxyType({
     # old path -> new path (docs/architecture.md); kept for one release, tests/test_moved_paths.py
     "npudist.backend_guard": "npudist.accelerators.backend_guard",
     "npudist.toolrun": "npudist.runtime.toolrun",
     "npudist.runlog_schema": "npudist.telemetry.runlog_schema",
+    "npudist.sentinel": "npudist.training.sentinel",
+    "npudist.dry_run": "npudist.training.dry_run",
     "npudist.accelerators.place": "npudist.diagnosis.place",
     "npudist.comm.rank_states": "npudist.diagnosis.rank_states",
     "npudist.comm.watchdog": "npudist.comm.hang.watchdog",

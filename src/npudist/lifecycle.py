@@ -202,7 +202,7 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, *
 
 def _dry_run(rt: Runtime) -> None:
     """`npudist launch --dry-run[=N]`: end the script after N optimizer steps and a checkpoint round trip."""
-    from npudist import dry_run
+    from npudist.training import dry_run
 
     steps, ctx = rt.settings.dry_run_steps, rt.context
     assert steps is not None and ctx is not None

@@ -162,8 +162,8 @@ def _launch_plan(**kw):
 def test_launch_says_once_that_no_rank_sent_a_snapshot(monkeypatch, capsys):
     """A script that never calls the snapshot API runs unprotected: launch says so once, when the quiet
     time passes (and not again at the end), and not at all when copies arrived."""
-    from npudist.launch import scope as launch_scope
     from npudist.checkpoint import peer
+    from npudist.launch import scope as launch_scope
 
     for var in (peer.HOLDER_VAR, peer.EVERY_VAR, peer_auth.SECRET_VAR):
         monkeypatch.delenv(var, raising=False)

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npudist.telemetry import runlog_schema as schema
 from npudist.report import load_run, report_html
 from npudist.report.model import Series
 from npudist.report.svg import line_chart
+from npudist.telemetry import runlog_schema as schema
 from tests.report.runs import write_run
 
 _COORD = re.compile(r'\b(?:x|y|x1|x2|y1|y2|cx|cy)="([^"]*)"|points="([^"]*)"')

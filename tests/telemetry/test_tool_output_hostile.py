@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from npudist.runtime.toolrun import ToolOutputTooLarge, run_tool
 from npudist.telemetry import SourceError
 from npudist.telemetry.sources.npu_smi import NpuSmiSource
-from npudist.runtime.toolrun import ToolOutputTooLarge, run_tool
 from tests.conftest import child_env
 
 

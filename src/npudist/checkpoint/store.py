@@ -270,7 +270,7 @@ def _save_async(state: dict[str, Any], target: _Target) -> SaveHandle:
 
 
 def _nonfinite_refusal(state: dict[str, Any], step: int) -> CheckpointError | None:
-    """With the NaN sentinel on (npudist/sentinel.py): no checkpoint after a non-finite stop, and none of a
+    """With the NaN sentinel on (npudist/training/sentinel.py): no checkpoint after a non-finite stop, and none of a
     state holding NaN, so the newest checkpoint stays the last finite state (NaN only: a mask buffer may
     hold -inf by design). Costs one pass over the state's tensors, at save time only."""
     from npudist.comm.nonfinite import first_nan

@@ -55,7 +55,7 @@ class GradientSync:
         self.plans: dict[int, BucketPlan] = {}
         """Bucket index -> the plan made for the buffer DDP showed under that index."""
         self.nonfinite: NonFiniteFold | None = None
-        """The sentinel's flag (npudist/sentinel.py), folded into the last bucket of each backward."""
+        """The sentinel's flag (npudist/training/sentinel.py), folded into the last bucket of each backward."""
         self._pending: list[Any] = []
         self._futures: list[torch.futures.Future] = []
         self._task: object = None

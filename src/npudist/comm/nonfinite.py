@@ -3,7 +3,7 @@ without a collective of its own.
 
 npudist.ddp's comm hook (ddp.py) hands each bucket to ``NonFiniteFold.before_reduce`` before reducing it.
 On the last bucket of a backward (``GradBucket.is_last()``: DDP reduces buckets in index order) a rank whose
-loss is not finite (the backward's root, which the sentinel records, npudist/sentinel.py) writes NaN into
+loss is not finite (the backward's root, which the sentinel records, npudist/training/sentinel.py) writes NaN into
 the bucket's first element. The reduction is a sum, and NaN + anything is NaN, so after it every rank holds
 the same first element: finite on every rank, or NaN on every rank. Reading that one element after the
 backward (``reduced``, then ``take``) is the agreed flag, with no extra collective and no extra bytes on the

@@ -1,5 +1,5 @@
 """The sentinel's rules, pure: who went non-finite (the stop line), when a loss is a spike, and when a
-GradScaler's skipped steps are too many. npudist/sentinel.py feeds them and acts on their answers.
+GradScaler's skipped steps are too many. npudist/training/sentinel.py feeds them and acts on their answers.
 
 - Stop: a non-finite loss or gradient on any rank stops every rank before that step's optimizer update;
   the line names the rank(s), host, card, step and the first bucket/parameter that went non-finite

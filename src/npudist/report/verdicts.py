@@ -98,7 +98,7 @@ def hang_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place
 
 
 def nonfinite_verdicts(doc: Mapping[str, Any], source: str, known: Mapping[int, Place]) -> list[Verdict]:
-    """A nonfinite-step*.json document (npudist/sentinel.py: every rank stopped on a NaN/Inf loss or gradient):
+    """A nonfinite-step*.json document (npudist/training/sentinel.py: every rank stopped on a NaN/Inf loss or gradient):
     one verdict per named rank, or one without a rank when only a reduced gradient was non-finite."""
     said = _text(doc.get("line"))
     step = _int(doc.get("step"))

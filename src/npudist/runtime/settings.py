@@ -55,7 +55,7 @@ SENTINEL_VAR = "NPUDIST_SENTINEL"
 SENTINEL_MODES = ("loss", "scan", "off")
 """loss: each rank's loss (and the first gradient element of DDP's last bucket) is checked every step, the flag
 riding in that bucket's reduction; scan: also every gradient bucket before it is reduced (about one pass over
-the gradients); off: no check (npudist/sentinel.py)."""
+the gradients); off: no check (npudist/training/sentinel.py)."""
 SPIKE_FACTOR_VAR = "NPUDIST_SPIKE_FACTOR"
 DEFAULT_SPIKE_FACTOR = 10.0
 """A loss above 10x its running maximum is a spike (Megatron-LM's spiky-loss threshold)."""

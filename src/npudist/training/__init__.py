@@ -104,7 +104,7 @@ def log(scalars: dict[str, Any] | None = None, /, **values: Any) -> None:
 def ddp(model: Any, **ddp_kwargs: Any) -> Any:
     """``npudist.comm.ddp.ddp`` (the model on this rank's device in DistributedDataParallel, its gradients
     reduced by npudist), also telling the watched loop, so its wait in gradient all-reduce is excluded from
-    the skew windows, and the NaN sentinel (npudist/sentinel.py), so a non-finite loss on any rank stops
+    the skew windows, and the NaN sentinel (npudist/training/sentinel.py), so a non-finite loss on any rank stops
     every rank before that step's update."""
     from npudist.comm.ddp import ddp as make_ddp
 
@@ -113,7 +113,7 @@ def ddp(model: Any, **ddp_kwargs: Any) -> Any:
     loop = getattr(rt, "loop", None)
     if loop is not None:
         loop.watch_model(wrapped)
-    from npudist import sentinel
+    from npudist.training import sentinel
 
     sentinel.attach(rt, wrapped)  # NaN/Inf and loss spikes (NPUDIST_SENTINEL=off: nothing)
     return wrapped
@@ -123,8 +123,8 @@ def _watch_exit(loop: Any) -> Any:
     """Ctrl-C's one line on rank 0 (instead of a traceback on every rank), and no end summary after a
     failure: a SIGINT handler (only where the script kept Python's default) and an excepthook, both given
     back at close."""
-    from npudist.sentinel import NonFiniteError
     from npudist.telemetry.job.console import Interrupt
+    from npudist.training.sentinel import NonFiniteError
 
     interrupt = None
     if threading.current_thread() is threading.main_thread() and \
