@@ -1,9 +1,11 @@
 """What an in-memory peer snapshot costs the training loop, and how fast a restart reads it back.
 
-One process, the example's model (examples/train_ddp.py's TinyLM, AdamW), this node's holder served in
-a thread as `npudist launch --peer-snapshots` serves it. Blocks of steps with and without a snapshot
-every step, interleaved so both see the same machine; then the time to restore from the holder and from
-the disk checkpoint of the same state. Prints one line `RESULT {json}` (ratios against the same run).
+One process, the example's model (examples/train_ddp.py's TinyLM, AdamW), this node's holder served by
+a process of its own, as `npudist launch --peer-snapshots` serves it from the launcher's process
+(``--holder-in-process``: from a thread of this one, as the figures before 2026-12-06 were taken). Blocks
+of steps with and without a snapshot every step, interleaved so both see the same machine; then the time
+to restore from the holder and from the disk checkpoint of the same state. Prints one line
+`RESULT {json}` (ratios against the same run).
 
     python benchmarks/peer_snapshot_cost.py [--d-model 256 --layers 4 --rounds 3 --steps 20]
 """
@@ -11,12 +13,16 @@ the disk checkpoint of the same state. Prints one line `RESULT {json}` (ratios a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import secrets
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
@@ -38,6 +44,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--holder-in-process", action="store_true", help="serve the holder from a thread of this process")
     args = p.parse_args()
     torch.manual_seed(0)
     vocab, seq = 64, 32
@@ -58,8 +65,8 @@ def main() -> None:
 
     plain, held, snapped, i = [], [], [], 0
     secret = secrets.token_bytes(32)
-    with serving("127.0.0.1", secret=secret) as server, tempfile.TemporaryDirectory() as tmp:
-        sender = peer_mod.PeerSnapshots(1, server.address, server.address, rank=0, world=1, partner=0,
+    with _holder(secret, args.holder_in_process) as address, tempfile.TemporaryDirectory() as tmp:
+        sender = peer_mod.PeerSnapshots(1, address, address, rank=0, world=1, partner=0,
                                         secret=secret)
         writer().peer = sender
         for r in range(args.rounds):
@@ -98,7 +105,34 @@ def main() -> None:
         "step_slowdown_ratio": statistics.median(snapped) / step_s - 1, "copy_bytes": nbytes,
         "snapshots_skipped": sender.stats.skipped,
         "restore_from_memory_seconds": memory_s, "restore_from_disk_seconds": disk_s,
-        "restored_source": mem.source, "d_model": args.d_model, "layers": args.layers}), flush=True)
+        "restored_source": mem.source, "d_model": args.d_model, "layers": args.layers,
+        "holder": "thread" if args.holder_in_process else "process"}), flush=True)
+
+
+def _serve(secret: bytes, conn: Connection) -> None:
+    with serving("127.0.0.1", secret=secret) as server:
+        conn.send(server.address)
+        conn.recv()  # until the benchmark is done
+
+
+@contextlib.contextmanager
+def _holder(secret: bytes, in_process: bool) -> Iterator[str]:
+    """The holder's address: served from a thread here, or from a process of its own (as launch serves it)."""
+    if in_process:
+        with serving("127.0.0.1", secret=secret) as server:
+            yield server.address
+        return
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(secret, there), daemon=True)
+    proc.start()
+    try:
+        if not here.poll(120):
+            raise RuntimeError("the holder process did not start within 120 s")
+        yield here.recv()
+    finally:
+        here.send("stop")
+        proc.join(30)
 
 
 if __name__ == "__main__":
