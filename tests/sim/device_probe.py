@@ -73,6 +73,7 @@ for index in (1, 8):
         r[f"set_device_{index}"] = None
     except RuntimeError as exc:
         r[f"set_device_{index}"] = str(exc)
+r["device_name_3"] = torch.npu.get_device_name(3)
 torch.npu.set_device(0)
 start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
 start.record()

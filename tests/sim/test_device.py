@@ -10,6 +10,7 @@ from npudist.runtime import compat
 from npudist.sim import SimulationError, parse_mode
 from npudist.sim.device import SimDeviceError, physical_chip
 from tests.conftest import run_py
+from tests.sim import chips
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,8 @@ def test_a_process_sees_every_chip_of_the_host(probe):
     assert probe["device_count"] == 8  # no ASCEND_RT_VISIBLE_DEVICES: the 8 chips of the simulated host
     assert probe["set_device_1"] is None
     assert probe["set_device_8"].startswith("Invalid device ID 8")
+    # npu:3 is chip 3 of the host; without the C++ guard every index stands for the process's one chip (0 here)
+    assert probe["device_name_3"] == f"simulated Ascend NPU (chip {3 if chips.separate() else 0})"
     assert probe["event_ms_nonnegative"]
 
 

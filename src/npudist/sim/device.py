@@ -156,7 +156,7 @@ def _check(index: int) -> int:
     if not 0 <= index < count:
         # torch_npu's own refusal of an index beyond the visible devices.
         raise SimDeviceError(f"Invalid device ID {index}: this process sees {count} simulated NPU device(s) "
-                             f"({VISIBLE_VAR} or the node's ranks); index 0-{count - 1}")
+                             f"({VISIBLE_VAR}, else the host's chips); index 0-{count - 1}")
     return index
 
 
@@ -277,8 +277,11 @@ class SimDeviceModule(types.ModuleType):
         return guard.current() if guard.available() else self._current
 
     def get_device_name(self, device: Any = None) -> str:
-        _check(_index(device))
-        return f"simulated Ascend NPU (chip {physical_chip(chips=self.chips)})"
+        index = _check(self.current_device() if device is None else _index(device))
+        if not guard.available():  # one device per process: it stands for this rank's chip
+            return f"simulated Ascend NPU (chip {physical_chip(chips=self.chips)})"
+        listed = [c.strip() for c in os.environ.get(VISIBLE_VAR, "").split(",") if c.strip()]
+        return f"simulated Ascend NPU (chip {_chip_number(listed[index]) if listed else index})"
 
     def get_device_properties(self, device: Any = None) -> DeviceProperties:
         return DeviceProperties(name=self.get_device_name(device), total_memory=SIM_TOTAL_MEMORY)
