@@ -30,10 +30,15 @@ class UnusedWatch:
         self.every, self.rank, self.steps, self.told = every, rank, 0, False
         self._sent, self._out = sent, out
         self._first: weakref.ref[Any] | None = None
+        self._done = False
+        """The script takes snapshots: nothing more to count (the hook stays until close(): torch iterates its
+        global hooks while it calls them, so one must not remove itself from inside)."""
         self._hook: Any = register_optimizer_step_post_hook(self._after_step)
 
     def _after_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         # One optimizer's steps are the loop's steps: a script that steps two per iteration counts once.
+        if self._done:
+            return
         if self._first is None or self._first() is None:
             self._first = weakref.ref(optimizer)
         if self._first() is not optimizer:
@@ -42,7 +47,7 @@ class UnusedWatch:
         if self.steps < 2 * self.every:
             return
         if self._sent():  # the script takes snapshots: its own stats and the alert cover it from here
-            self.close()
+            self._done = True
             return
         if not self.told:
             self.told = True
