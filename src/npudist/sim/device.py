@@ -15,71 +15,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 
 from npudist.sim import guard
+from npudist.sim.chips import (  # noqa: F401
+    VISIBLE_VAR,
+    SimDeviceError,
+    check_index,
+    chip_number,
+    device_index,
+    physical_chip,
+    visible_count,
+)
+from npudist.sim.names import TORCH_NPU_NAMES, NotSimulated
 from npudist.sim.state import SIM
+from npudist.sim.streams import Event, Stream
 from npudist.sim.tensor import DEVICE_TYPE
-
-VISIBLE_VAR = "ASCEND_RT_VISIBLE_DEVICES"
-"""The CANN runtime's visible-devices variable (CANN "Environment Variables" reference)."""
-
-
-class SimDeviceError(RuntimeError):
-    """A device call the simulated NPU cannot honour, in torch_npu's words where it has them."""
-
-
-class NotSimulated(AttributeError):
-    """A torch_npu name the simulated NPU does not provide.
-
-    An AttributeError, because torch itself probes device modules with ``hasattr``/``getattr(..., None)``
-    (torch.amp, torch._dynamo, DDP); the message says what is missing and where the list is.
-    """
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"not simulated: {name} (npudist's simulated NPU provides the torch_npu names listed in "
-                         "docs/guide/simulated-npu.md; run this part of the script on a real Ascend host)")
-        self.name = name
-
-
-TORCH_NPU_NAMES = frozenset({
-    "is_initialized", "init", "set_dump", "synchronize", "device_count", "can_device_access_peer", "set_device",
-    "current_device", "get_device_name", "get_device_properties", "get_device_capability", "mem_get_info",
-    "is_available", "device", "device_of", "StreamContext", "stream", "set_stream", "current_stream",
-    "default_stream", "set_sync_debug_mode", "get_sync_debug_mode", "init_dump", "utilization", "finalize_dump",
-    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "caching_allocator_alloc",
-    "caching_allocator_delete", "get_per_process_memory_fraction", "set_per_process_memory_fraction",
-    "empty_cache", "empty_virt_addr_cache", "memory_stats", "memory_stats_as_nested_dict",
-    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated",
-    "reset_max_memory_cached", "memory_allocated", "max_memory_allocated", "memory_reserved",
-    "max_memory_reserved", "memory_cached", "max_memory_cached", "memory_snapshot", "memory_summary", "MemPool",
-    "use_mem_pool", "get_allocator_backend", "NPUPluggableAllocator", "change_current_allocator", "Stream",
-    "Event", "set_option", "CubeMathType", "set_aoe", "set_compile_mode", "set_mm_bmm_format_nd",
-    "get_mm_bmm_format_nd", "get_npu_overflow_flag", "clear_npu_overflow_flag", "stress_detect", "get_rng_state",
-    "set_rng_state", "get_rng_state_all", "set_rng_state_all", "is_jit_compile_false", "get_amp_supported_dtype",
-    "is_autocast_enabled", "is_bf16_supported", "set_autocast_enabled", "get_autocast_dtype", "set_autocast_dtype",
-    "BoolStorage", "ByteStorage", "ShortStorage", "LongStorage", "IntStorage", "HalfStorage", "CharStorage",
-    "DoubleStorage", "FloatStorage", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
-    "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "BFloat16Tensor", "BFloat16Storage",
-    "current_blas_handle", "stop_device", "restart_device", "check_uce_in_memory", "config", "matmul", "conv",
-    "enable_deterministic_with_backward", "disable_deterministic_with_backward", "mstx", "SyncLaunchStream",
-    "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
-    "ExternalEvent", "ExternalStream", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
-    "graph_task_update_end", "set_device_limit", "get_device_limit", "set_stream_limit", "reset_stream_limit",
-    "get_stream_limit", "ipc_collect", "obfuscation_initialize", "obfuscation_finalize", "obfuscation_calculate",
-    "set_op_timeout_ms", "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
-    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "set_deterministic_level",
-    "use_compatible_impl", "are_compatible_impl_enabled", "NpuGraphOpHandler", "register_npu_graph_handler",
-    "super_kernel_scope_begin", "super_kernel_scope_end", "npurt",
-})
-"""``__all__`` of torch_npu/npu/__init__.py (Ascend/pytorch 9e73e708, 2026-08): the public names of ``torch.npu``.
-One the simulation lacks raises NotSimulated; any other name is an ordinary AttributeError, as on torch_npu."""
-
 
 SIM_TOTAL_MEMORY = 64 * 1024**3
 """What the simulated chip reports as its memory: an Atlas 800T A2's 64 GiB of HBM (its datasheet)."""
@@ -97,118 +52,6 @@ class DeviceProperties(NamedTuple):
     major: int = 0
     minor: int = 0
     multi_processor_count: int = 24
-
-
-def physical_chip(env: Mapping[str, str] | None = None, chips: int = 8) -> int:
-    """The chip this process's ``npu:0`` stands for.
-
-    ``ASCEND_RT_VISIBLE_DEVICES`` with one entry names the chip; with several (a node-wide list, as a
-    launcher without per-rank lists sets it) the entry at LOCAL_RANK is this rank's; unset, the chip is
-    LOCAL_RANK. A chip the simulated host does not have is an error, as on a real host.
-    """
-    env = os.environ if env is None else env
-    local_rank = int(env.get("LOCAL_RANK", "0") or 0)
-    listed = [c.strip() for c in env.get(VISIBLE_VAR, "").split(",") if c.strip()]
-    if not listed:
-        chip = local_rank
-    elif len(listed) == 1:
-        chip = _chip_number(listed[0])
-    elif local_rank < len(listed):
-        chip = _chip_number(listed[local_rank])
-    else:
-        raise SimDeviceError(f"{VISIBLE_VAR}={env.get(VISIBLE_VAR)!r} lists {len(listed)} chips but this is "
-                             f"local rank {local_rank}")
-    if not 0 <= chip < chips:
-        raise SimDeviceError(f"chip {chip} does not exist: the simulated host has {chips} (0-{chips - 1})")
-    return chip
-
-
-def _chip_number(text: str) -> int:
-    if not text.isdigit():
-        raise SimDeviceError(f"{VISIBLE_VAR} entry {text!r} is not a chip number")
-    return int(text)
-
-
-def _index(device: Any) -> int:
-    if device is None:
-        return 0
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != DEVICE_TYPE:
-            raise SimDeviceError(f"expected an {DEVICE_TYPE} device, got {device}")
-        return 0 if device.index is None else device.index
-    return int(device)
-
-
-def visible_count(env: Mapping[str, str] | None = None, chips: int | None = None) -> int:
-    """The devices ``torch.npu.device_count()`` reports: the visible list, else every chip of the host
-    (``chips``: the installed simulation's, NPUDIST_SIM_CHIPS, 8 by default), as the CANN runtime reports."""
-    env = os.environ if env is None else env
-    listed = [c for c in env.get(VISIBLE_VAR, "").split(",") if c.strip()]
-    if listed:
-        return len(listed)
-    return SIM.chips if chips is None else chips
-
-
-def _check(index: int) -> int:
-    count = visible_count()
-    if not 0 <= index < count:
-        # torch_npu's own refusal of an index beyond the visible devices.
-        raise SimDeviceError(f"Invalid device ID {index}: this process sees {count} simulated NPU device(s) "
-                             f"({VISIBLE_VAR}, else the host's chips); index 0-{count - 1}")
-    return index
-
-
-class Stream:
-    """A stream on the simulated NPU: work runs when issued, so every stream is always done."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
-        _check(_index(device))
-        self.device = torch.device(DEVICE_TYPE, 0)  # every simulated tensor's device (module docstring)
-        self.priority = priority
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def wait_stream(self, stream: Stream) -> None:
-        return None
-
-    def wait_event(self, event: Event) -> None:
-        return None
-
-    def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
-        event.record(self)
-        return event
-
-
-class Event:
-    """An event that records the host clock: elapsed_time is the host time between two records."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self._t: float | None = None
-
-    def record(self, stream: Stream | None = None) -> None:
-        self._t = time.perf_counter()
-
-    def wait(self, stream: Stream | None = None) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-    def elapsed_time(self, end: Event) -> float:
-        if self._t is None or end._t is None:
-            raise SimDeviceError("elapsed_time: both events must be recorded first")
-        return (end._t - self._t) * 1000.0
 
 
 class _Flags(types.SimpleNamespace):
@@ -269,7 +112,7 @@ class SimDeviceModule(types.ModuleType):
         return visible_count()
 
     def set_device(self, device: Any) -> None:
-        self._current = _check(_index(device))
+        self._current = check_index(device_index(device))
         guard.set_current(self._current)
         SIM.initialize()
 
@@ -277,11 +120,11 @@ class SimDeviceModule(types.ModuleType):
         return guard.current() if guard.available() else self._current
 
     def get_device_name(self, device: Any = None) -> str:
-        index = _check(self.current_device() if device is None else _index(device))
+        index = check_index(self.current_device() if device is None else device_index(device))
         if not guard.available():  # one device per process: it stands for this rank's chip
             return f"simulated Ascend NPU (chip {physical_chip(chips=self.chips)})"
         listed = [c.strip() for c in os.environ.get(VISIBLE_VAR, "").split(",") if c.strip()]
-        return f"simulated Ascend NPU (chip {_chip_number(listed[index]) if listed else index})"
+        return f"simulated Ascend NPU (chip {chip_number(listed[index]) if listed else index})"
 
     def get_device_properties(self, device: Any = None) -> DeviceProperties:
         return DeviceProperties(name=self.get_device_name(device), total_memory=SIM_TOTAL_MEMORY)
@@ -289,7 +132,7 @@ class SimDeviceModule(types.ModuleType):
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         """(free, total) bytes, as torch_npu answers (torch_npu/npu/__init__.py mem_get_info): the chip's
         memory less what live simulated tensors hold."""
-        _check(_index(device))
+        check_index(device_index(device))
         return max(0, SIM_TOTAL_MEMORY - SIM.allocations.allocated), SIM_TOTAL_MEMORY
 
     def get_device_capability(self, device: Any = None) -> tuple[int, int] | None:
@@ -303,8 +146,8 @@ class SimDeviceModule(types.ModuleType):
         return True
 
     def can_device_access_peer(self, device: Any, peer_device: Any) -> bool:
-        _check(_index(device))
-        _check(_index(peer_device))
+        check_index(device_index(device))
+        check_index(device_index(peer_device))
         return False
 
     def set_compile_mode(self, jit_compile: bool = False) -> None:
@@ -375,7 +218,7 @@ class SimDeviceModule(types.ModuleType):
         return None
 
     def synchronize(self, device: Any = None) -> None:
-        _check(_index(device))
+        check_index(device_index(device))
 
     def current_stream(self, device: Any = None) -> Stream:
         if self._stream is None:
@@ -390,11 +233,11 @@ class SimDeviceModule(types.ModuleType):
         yield
 
     def memory_allocated(self, device: Any = None) -> int:
-        _check(_index(device))
+        check_index(device_index(device))
         return SIM.allocations.allocated
 
     def memory_reserved(self, device: Any = None) -> int:
-        _check(_index(device))
+        check_index(device_index(device))
         return max(SIM.allocations.peak, SIM.allocations.allocated)
 
     def max_memory_allocated(self, device: Any = None) -> int:

@@ -34,19 +34,12 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from npudist.comm.constraints import HCCL, Constraints
+from npudist.sim.hccl_errors import HCCL_E_NOT_SUPPORT, HCCL_E_PARA, RESULT_CODES, HcclError, op_name
+from npudist.sim.hccl_views import BackendView, dispatched_view
 from npudist.sim.state import SIM
 from npudist.sim.tensor import DEVICE_TYPE, SimTensor
 
 BACKEND = "hccl"
-HCCL_E_PARA = "HCCL_E_PARA"
-HCCL_E_NOT_SUPPORT = "HCCL_E_NOT_SUPPORT"
-_RESULT_CODES = MappingProxyType({HCCL_E_PARA: 1, HCCL_E_NOT_SUPPORT: 5})
-
-_OP_NAMES = MappingProxyType({
-    dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "product", dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "avg", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
-    dist.ReduceOp.BXOR: "bxor",
-})
 
 
 PG_REDUCE_CAST = MappingProxyType({torch.bool: torch.int32, torch.uint8: torch.int32})
@@ -58,17 +51,6 @@ _PG_CASTING_CALLS = frozenset({"HcclAllReduce", "HcclReduce"})
 GLOO_CARRIER = MappingProxyType({torch.int16: torch.int32})
 """Dtypes HCCL takes that gloo cannot carry (ProcessGroupGloo's type switch has no int16: "Invalid scalar
 type"), with the wider dtype gloo moves and reduces them in; the result is cast back, exactly."""
-
-
-class HcclError(RuntimeError):
-    """What torch_npu raises when an HCCL call returns an error code."""
-
-
-
-
-def _op_name(opts: Any) -> str:
-    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-    return _OP_NAMES.get(getattr(op, "op", op), str(op))
 
 
 class SimHcclGroup(dist.ProcessGroup):
@@ -83,7 +65,7 @@ class SimHcclGroup(dist.ProcessGroup):
         watch (comm/pg_watch.py) counts them as it counts a real HCCL group's."""
         self.row = row
         self._store, self._timeout = store, timeout
-        self._backend = _BackendView(self)
+        self._backend = BackendView(self)
         self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._divide: list[torch.Tensor] = []
         self._name = ""
@@ -116,7 +98,7 @@ class SimHcclGroup(dist.ProcessGroup):
         (distributed_c10d._get_object_coll_device); as on a real HCCL group, that is the NPU."""
         return [torch.device(DEVICE_TYPE)]
 
-    def _get_backend(self, device: torch.device | str) -> _BackendView:
+    def _get_backend(self, device: torch.device | str) -> BackendView:
         """The backend serving ``device``: this group for ``npu``, none for anything else.
 
         torch asks for it by device: ``init_process_group(device_id=...)`` (eager connect), DeviceMesh and
@@ -153,7 +135,7 @@ class SimHcclGroup(dist.ProcessGroup):
             raise RuntimeError("the simulated hccl group was shut down (destroy_process_group); create a new "
                                "group with dist.init_process_group or npudist.init() to communicate again")
         if self._view is None:
-            self._view = _dispatched_view(self._inner, self._store, self.rank(), self.size(), self._name)
+            self._view = dispatched_view(self._inner, self._store, self.rank(), self.size(), self._name)
         return self._view
 
     def shutdown(self) -> None:
@@ -202,7 +184,7 @@ class SimHcclGroup(dist.ProcessGroup):
         """AVG as torch_npu's ProcessGroupHCCL runs it (getHcclReduceOp: HCCL_REDUCE_SUM, then ``div_(size)``):
         gloo is asked for a sum and ``outputs`` are divided when it is done. Reached only for tensors whose row
         took avg in ``_check_row``."""
-        if _op_name(opts) != "avg":
+        if op_name(opts) != "avg":
             return opts
         opts.reduceOp = dist.ReduceOp.SUM
         self._divide.extend(t.elem for t in outputs)
@@ -237,7 +219,7 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def _refuse(self, call: str, name: str, detail: str) -> None:
         SIM.counts.refused[call] += 1
-        raise HcclError(f"{call} failed: {name} (error code {_RESULT_CODES[name]}): {detail}")
+        raise HcclError(f"{call} failed: {name} (error code {RESULT_CODES[name]}): {detail}")
 
     def _done(self, result: Any, inner_work: Any = None) -> Any:
         if inner_work is not None:
@@ -255,14 +237,14 @@ class SimHcclGroup(dist.ProcessGroup):
     # -- collectives ---------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        host = self._host("HcclAllReduce", tensors, _op_name(opts))
+        host = self._host("HcclAllReduce", tensors, op_name(opts))
         opts = self._avg_as_sum(opts, tensors)
         SIM.counts.add("all_reduce", tensors)
         return self._done(list(tensors), self._host_group().allreduce(host, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        host = self._host("HcclAllReduce", tensors, _op_name(opts))
+        host = self._host("HcclAllReduce", tensors, op_name(opts))
         opts = self._avg_as_sum(opts, tensors)
         SIM.counts.add("all_reduce_coalesced", tensors)
         return self._done(list(tensors), self._host_group().allreduce_coalesced(host, opts))
@@ -295,7 +277,7 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = _op_name(opts)
+        op = op_name(opts)
         self._same_device("HcclReduceScatter", outputs, [ins[0] for ins in input_lists])
         host_out = self._host("HcclReduceScatter", outputs, op)
         host_in = [self._host("HcclReduceScatter", ins, op) for ins in input_lists]
@@ -305,7 +287,7 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = _op_name(opts)
+        op = op_name(opts)
         self._same_device("HcclReduceScatter", [output], [input])
         (host_out,) = self._host("HcclReduceScatter", [output], op)
         (host_in,) = self._host("HcclReduceScatter", [input], op)
@@ -332,7 +314,7 @@ class SimHcclGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
-        host = self._host("HcclReduce", tensors, _op_name(opts))
+        host = self._host("HcclReduce", tensors, op_name(opts))
         opts = self._avg_as_sum(opts, tensors)
         SIM.counts.add("reduce", tensors)
         return self._done(list(tensors), self._host_group().reduce(host, opts))
@@ -386,45 +368,6 @@ class SimHcclGroup(dist.ProcessGroup):
         # rendezvous without one.
         SIM.counts.calls["barrier"] += 1
         return self._done([], self._host_group().barrier(dist.BarrierOptions()))
-
-
-def _dispatched_view(backend: dist.ProcessGroupGloo, store: dist.Store, rank: int, size: int, name: str) -> Any:
-    """``backend`` registered on a C++ ProcessGroup for CPU tensors; ``backend`` itself where this torch's
-    ProcessGroup cannot be built from Python (its constructor and registration calls are private API)."""
-    try:
-        view = dist.ProcessGroup(store, rank, size)
-        view._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
-        view._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-        if name:
-            view._set_group_name(name)
-    except (AttributeError, TypeError, RuntimeError):
-        return backend
-    return view
-
-
-class _BackendView:
-    """What ``pg._get_backend(npu)`` returns for a simulated hccl group: the attributes torch reads from a
-    backend object (distributed_c10d: supports_splitting, options, eager connect, sequence numbers, name)."""
-
-    supports_splitting = True  # ProcessGroupHCCL splits (torch_npu); split_group above does it here
-    supports_coalescing = False
-    supports_time_estimate = False
-    options = None
-
-    def __init__(self, group: SimHcclGroup) -> None:
-        self._group = group
-
-    def name(self) -> str:
-        return BACKEND
-
-    def eager_connect_single_device(self, device: Any) -> None:
-        return None  # gloo connected when the group was made
-
-    def _set_sequence_number_for_group(self) -> None:
-        return None
-
-    def comm_split_count(self) -> int:
-        return 0
 
 
 def creator(row: Constraints):

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.utils._device
 
-from npudist.sim.device import SIMULATED, TORCH_NPU_NAMES, NotSimulated
+from npudist.sim.device import SIMULATED
+from npudist.sim.names import TORCH_NPU_NAMES, NotSimulated
 from npudist.sim.state import SIM
 from npudist.sim.tensor import DEVICE_TYPE
 

@@ -18,7 +18,7 @@ import torch
 
 from npudist.runtime.settings import Settings
 from npudist.sim import install
-from npudist.sim.device import NotSimulated
+from npudist.sim.names import NotSimulated
 
 _settings = Settings.from_env()
 install(_settings.simulate or "npu", chips=_settings.sim_chips)
