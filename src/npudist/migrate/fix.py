@@ -8,8 +8,8 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from npudist.migrate.fold import fold
 from npudist.migrate.findings import Analysis, Finding
+from npudist.migrate.fold import fold
 
 
 @dataclass(frozen=True)

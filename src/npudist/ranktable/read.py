@@ -29,8 +29,8 @@ def hccn_tool(root: Path, env: Mapping[str, str]) -> str | None:
 def ask_hccn(exe: str | None, timeout: float = TOOL_TIMEOUT_S) -> Callable[[int], str | None]:
     """``device -> ipaddr`` from ``hccn_tool -i N -ip -g``; None when the tool is absent, fails or prints no
     address (the caller falls back to /etc/hccn.conf)."""
-    from npudist.telemetry.sources.hccn.parse import parse_ip
     from npudist.runtime.toolrun import run_tool
+    from npudist.telemetry.sources.hccn.parse import parse_ip
 
     def ask(device: int) -> str | None:
         if exe is None:

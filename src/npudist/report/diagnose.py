@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudist.telemetry import runlog_schema as schema
 from npudist.checkpoint import layout
 from npudist.report import verdicts as v
 from npudist.report.records import Problem, ReportError, load_run, read_doc
+from npudist.telemetry import runlog_schema as schema
 
 _DOCS = (("hang", re.compile(r"^hang-(attempt\d+|rank\d+)\.json$")),
          ("nonfinite", re.compile(r"^nonfinite-step\d+\.json$")),

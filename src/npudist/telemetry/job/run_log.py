@@ -22,13 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from npudist.telemetry import runlog_schema as schema
 from npudist.diagnosis.straggler.phases import PHASES, window_phases
 from npudist.diagnosis.straggler.skew import SkewReport
-from npudist.telemetry.runlog_schema import rank_file
 from npudist.runtime.state import current
+from npudist.telemetry import runlog_schema as schema
 from npudist.telemetry.exposition.node_label import node_name
 from npudist.telemetry.exposition.run_label import run_id
+from npudist.telemetry.runlog_schema import rank_file
 from npudist.telemetry.sources.readings import DeviceReading, RankDevice
 
 log = logging.getLogger("npudist.telemetry")

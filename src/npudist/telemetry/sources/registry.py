@@ -25,8 +25,7 @@ def resolve_name(name: str) -> str:
     """``auto`` -> the detected accelerator's telemetry source; other names pass through."""
     if name != "auto":
         return name
-    from npudist.accelerators import backend_guard
-    from npudist.accelerators import VENDORS, accelerator
+    from npudist.accelerators import VENDORS, accelerator, backend_guard
 
     broken = backend_guard.from_env()
     if broken is not None:  # the vendor's Python runtime does not load, but its node tool may still read the cards

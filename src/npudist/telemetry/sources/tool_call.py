@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from npudist.telemetry.sources.readings import SourceError
 from npudist.runtime.toolrun import ToolOutputTooLarge, run_tool
+from npudist.telemetry.sources.readings import SourceError
 
 
 def call_tool(binary: str, args: Sequence[str], timeout: float, install_hint: str) -> str:
