@@ -17,14 +17,7 @@ compiler, or with ``NPUDIST_PG_WATCH=off``, the watch is off and only npudist's 
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from npudist.runtime import native
+
 log = logging.getLogger("npudist.comm")
 SOURCE = str(Path(__file__).with_name("native") / "pg_watch.cpp")
-CACHE_VAR = "NPUDIST_CACHE_DIR"
+CACHE_VAR = native.CACHE_VAR
 MEASURED_UP_TO = (2, 13)
 """The newest torch the kernel was built and run against (with compat.FEATURES' oldest, its range): a newer
 c10d may change what the kernel relies on (boxed c10d ops, Work futures), so it waits to be measured."""
@@ -153,38 +148,10 @@ def reset() -> None:
 
 # -- building and loading --------------------------------------------------------------------------------
 
-def cache_dir(env: dict[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get(CACHE_VAR):
-        return Path(env[CACHE_VAR])
-    base = env.get("XDG_CACHE_HOME") or (str(Path.home() / ".cache") if Path.home().is_dir() else "")
-    return Path(base or tempfile.gettempdir()) / "npudist"
-
-
-def _abi() -> int:
-    return int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-
-
 def library_path(env: dict[str, str] | None = None) -> Path:
     """Where this torch's build of the kernel lives: one per torch build, C++ ABI, interpreter and source."""
-    key = hashlib.sha256()
-    key.update(Path(SOURCE).read_bytes())
-    key.update(f"{torch.__version__}|{torch.__file__}|{_abi()}|{sys.version_info[:2]}".encode())
-    tag = f"torch{torch.__version__.replace('+', '-')}-{key.hexdigest()[:12]}"
-    return cache_dir(env) / "pg_watch" / tag / "libnpudist_pg_watch.so"
-
-
-def compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-
-
-def build_command(cxx: str, out: Path, std: str) -> list[str]:
-    root = Path(torch.__file__).parent
-    include, lib = root / "include", root / "lib"
-    return [cxx, "-O2", "-shared", "-fPIC", f"-std={std}", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={_abi()}",
-            f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
-            SOURCE, f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch",
-            f"-Wl,-rpath,{lib}", "-o", str(out)]
+    tag = f"torch{torch.__version__.replace('+', '-')}-{native.build_key(Path(SOURCE))[:12]}"
+    return native.cache_dir(env) / "pg_watch" / tag / "libnpudist_pg_watch.so"
 
 
 def unsupported() -> str | None:
@@ -205,32 +172,18 @@ def build(env: dict[str, str] | None = None) -> Path:
     path = library_path(env)
     if path.exists():
         return path
-    cxx = compiler()
+    cxx = native.compiler()
     if cxx is None:
         raise WatchUnavailable("no C++ compiler (c++, g++ or $CXX) to build the process-group watch; install one "
                                "(apt-get install g++) or set NPUDIST_PG_WATCH=off")
     if not (Path(torch.__file__).parent / "include" / "torch" / "library.h").exists():
         raise WatchUnavailable("this torch ships no C++ headers (torch/include); the process-group watch cannot be "
                                "built against it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return path
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        errors = []
-        for std in ("c++17", "c++20"):  # torch up to 2.x builds as C++17; a newer one may need C++20
-            try:
-                done = subprocess.run(build_command(cxx, tmp, std), capture_output=True, text=True,
-                                      timeout=BUILD_TIMEOUT_S, check=False)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise WatchUnavailable(f"building the process-group watch failed: {exc}") from exc
-            if done.returncode == 0:
-                os.replace(tmp, path)
-                return path
-            errors.append(done.stderr.strip()[-600:])
-        tmp.unlink(missing_ok=True)
-        raise WatchUnavailable(f"building the process-group watch with {cxx} failed: {errors[-1]}")
+    try:
+        return native.build_library(Path(SOURCE), path, cxx=cxx, libs=("c10", "torch_cpu", "torch"),
+                                    timeout_s=BUILD_TIMEOUT_S)
+    except native.BuildFailed as exc:
+        raise WatchUnavailable(f"building the process-group watch with {cxx} failed: {exc}") from exc
 
 
 def load() -> bool:

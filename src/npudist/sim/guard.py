@@ -14,8 +14,6 @@ says why the guard is missing. The loaded library and that reason are kept in ``
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
 from pathlib import Path
 
 from npudist.sim.state import SIM
@@ -54,49 +52,20 @@ def reason() -> str | None:
 
 def build() -> tuple[Path | None, str | None]:
     """The guard's library, built here if need be, without registering it; (None, why not) where it cannot be.
-    Tests ask this to know which behaviour the ranks they start will have."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    Tests ask this to know which behaviour the ranks they start will have. One build per torch, C++ ABI and
+    source, under npudist's cache (runtime/native.py, as the process-group watch is built)."""
+    from npudist.runtime import native
+
+    cxx = native.compiler()
     if cxx is None:
         return None, "no C++ compiler (c++, g++ or $CXX)"
+    source = Path(__file__).with_name(SOURCE)
     try:
-        return _built(cxx), None
+        path = native.cache_dir() / "sim_guard" / native.build_key(source)[:16] / "libnpudist_sim_guard.so"
+        return native.build_library(source, path, cxx=cxx, libs=("c10",), timeout_s=BUILD_TIMEOUT_S,
+                                    stds=("c++17",)), None
     except Exception as exc:  # a missing header, a failed build: the one-device fallback, with the reason
         return None, f"the guard did not build: {type(exc).__name__}: {str(exc)[:300]}"
-
-
-def _built(cxx: str) -> Path:
-    """One build per torch, C++ ABI and source, under npudist's cache (the process-group watch's: comm/pg_watch.py);
-    the first process builds, the others wait on a lock."""
-    import fcntl
-    import hashlib
-    import subprocess
-
-    import torch
-
-    from npudist.comm.pg_watch import cache_dir
-
-    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-    source = Path(__file__).with_name(SOURCE)
-    key = hashlib.sha256(source.read_bytes() + f"{torch.__version__}|{torch.__file__}|{abi}".encode()).hexdigest()
-    path = cache_dir() / "sim_guard" / key[:16] / "libnpudist_sim_guard.so"
-    if path.exists():
-        return path
-    root = Path(torch.__file__).parent
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return path
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        command = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                   f"-I{root / 'include'}", str(source), f"-L{root / 'lib'}", "-lc10",
-                   f"-Wl,-rpath,{root / 'lib'}", "-o", str(tmp)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
-        if done.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-600:]}")
-        os.replace(tmp, path)
-    return path
 
 
 def available() -> bool:
