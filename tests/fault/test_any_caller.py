@@ -38,15 +38,23 @@ def _launch(tmp_path, nproc: int, args: list[str], env: dict[str, str] | None = 
     return proc, proc.stdout + proc.stderr, elapsed, left
 
 
-@pytest.mark.parametrize(("kind", "nproc", "group"), [
-    ("raw", 2, "default_pg"),
-    ("fsdp2", 2, "default_pg"),  # a 1-D mesh over every rank is the default group
-    ("tp", 2, "default_pg"),
-    ("hsdp", 4, "mesh dimension"),  # FSDP2 over replicate x shard: the others wait on a mesh dimension
+SIMULATED = pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
+
+
+@pytest.mark.parametrize(("kind", "nproc", "group", "launch_args"), [
+    ("raw", 2, "default_pg", []),
+    ("fsdp2", 2, "default_pg", []),  # a 1-D mesh over every rank is the default group
+    ("tp", 2, "default_pg", []),
+    ("hsdp", 4, "mesh dimension", []),  # FSDP2 over replicate x shard: the others wait on a mesh dimension
+    # The same scripts on the simulated NPU (hccl, npu:<local rank> tensors): the simulated hccl is a Python
+    # ProcessGroup, so its collectives reach the watch through the dispatched group it hands them to.
+    pytest.param("raw", 2, "default_pg", ["--simulate", "npu"], marks=SIMULATED, id="raw-sim"),
+    pytest.param("fsdp2", 2, "default_pg", ["--simulate", "npu"], marks=SIMULATED, id="fsdp2-sim"),
 ])
-def test_a_stopped_rank_is_named_whoever_issues_the_collectives(tmp_path, kind, nproc, group):
+def test_a_stopped_rank_is_named_whoever_issues_the_collectives(tmp_path, kind, nproc, group, launch_args):
     proc, text, elapsed, left = _launch(tmp_path, nproc, [kind, "--steps", "5000", "--fault", "stop",
-                                                          "--fault-rank", "1", "--fault-step", "15"])
+                                                          "--fault-rank", "1", "--fault-step", "15"],
+                                        launch_args=launch_args)
     reports = list(tmp_path.glob("hang-attempt*.json"))
     assert reports, text[-4000:]
     verdict = json.loads(reports[0].read_text())
@@ -58,25 +66,6 @@ def test_a_stopped_rank_is_named_whoever_issues_the_collectives(tmp_path, kind, 
     assert verdict["group"] and group in verdict["line"], verdict["line"]  # the group the others wait in
     assert proc.returncode != 0 and "npudist: rank 0: aborting the hung job" in text
     assert elapsed < LIMIT_S and left == []
-
-
-@pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
-@pytest.mark.parametrize("kind", ["raw", "fsdp2"])
-def test_a_stopped_rank_is_named_on_the_simulated_npu_whoever_issues_the_collectives(tmp_path, kind):
-    """The same scripts under --simulate npu (hccl, npu:<local rank> tensors): the simulated hccl is a Python
-    ProcessGroup, so its collectives reach the process-group watch through the dispatched group it hands them
-    to (sim/hccl.py), as a real HCCL group's do."""
-    proc, text, elapsed, _left = _launch(tmp_path, 2, [kind, "--steps", "5000", "--fault", "stop", "--fault-rank",
-                                                       "1", "--fault-step", "10"], launch_args=["--simulate", "npu"])
-    reports = list(tmp_path.glob("hang-attempt*.json"))
-    assert reports, text[-4000:]
-    verdict = json.loads(reports[0].read_text())
-    fault = re.search(r"FAULT stop rank=1 step=10 time=([\d.]+)", text)
-    assert fault, text[-4000:]
-    assert verdict["first_time"] - float(fault.group(1)) < NAMED_WITHIN_S, verdict["line"]
-    assert verdict["culprits"] == [1] and verdict["states"] == {"1": "stopped"}, verdict["line"]
-    assert verdict["group"] and verdict["group"] != "", verdict  # numbered per group by the watch
-    assert proc.returncode != 0 and elapsed < LIMIT_S
 
 
 def test_a_rank_holding_the_gil_is_starved_not_stopped_and_the_job_finishes(tmp_path):
