@@ -117,9 +117,9 @@ def test_close_ends_owned_parts_in_the_written_order_latest_first_within_a_kind(
             rt.own(kind, lambda kind=kind: ended.append(kind))
     rt.own("telemetry", lambda: ended.append("telemetry (second)"))
     rt.close()
-    assert ended == ["run_logs", "telemetry (second)", "telemetry", "group", "run_dir_locks"]
+    assert ended == ["run_logs", "telemetry (second)", "telemetry", "group", "backend", "run_dir_locks"]
     rt.close()  # twice: nothing is closed again
-    assert len(ended) == 5
+    assert len(ended) == 6
 
 
 def test_a_part_that_fails_to_close_does_not_keep_the_later_ones_running(caplog):
