@@ -19,8 +19,7 @@ allocate. One selector thread serves at most ``MAX_CONNECTIONS`` connections; on
 authenticated within ``AUTH_TIMEOUT_S`` is dropped, and at the cap the oldest of those makes room.
 Replies carry an HMAC too, over the request's nonce, so a rank never takes a copy from an impostor.
 
-Wire format, both ways: 4-byte big-endian header length, the 32-byte MAC, the JSON header, then
-``nbytes`` payload bytes.
+The wire format and the client side are peer_wire.py.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import selectors
 import socket
 import struct
@@ -40,35 +38,30 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from npudist.checkpoint.peer_auth import MAC_BYTES, mac, verify
+from npudist.checkpoint.peer_auth import MAC_BYTES, verify
+from npudist.checkpoint.peer_wire import (  # noqa: F401  (request and the errors: the holder's callers import them here)
+    CHUNK,
+    LEN,
+    LEN_BYTES,
+    MAX_HEADER,
+    TIMEOUT_S,
+    PeerAuthError,
+    PeerProtocolError,
+    frame,
+    request,
+    unsigned,
+)
 
 log = logging.getLogger("npudist.checkpoint")
 
 KEEP = 2
 """Copies kept per owner rank: the newest and the one before it."""
-TIMEOUT_S = 120.0
-"""A request that moves no byte for this long is dropped (a peer that stopped sending mid-copy)."""
 AUTH_TIMEOUT_S = 10.0
 """From accept to an authenticated header: a connection that has not proven it is the job's goes."""
 MAX_CONNECTIONS = 64
 """Open connections at most: a node's ranks and their partners each send one copy at a time."""
 MAX_BYTES_VAR = "NPUDIST_PEER_SNAPSHOT_MAX_BYTES"
 """The largest copy (bytes) this job declares; default: a quarter of the host's memory."""
-_MAX_HEADER = 64 * 1024
-_LEN = ">I"
-"""Format of the header's length: 4 bytes, big-endian."""
-_LEN_BYTES = 4
-_CHUNK = 1 << 20
-
-
-class PeerProtocolError(OSError):
-    """A holder request or reply that was not what the protocol says: to a caller, a holder it cannot use."""
-
-
-class PeerAuthError(PeerProtocolError):
-    """A message whose MAC is not the job's: another job's holder, or a node with another secret."""
-
-
 @dataclass(frozen=True)
 class Copy:
     step: int
@@ -90,29 +83,6 @@ def max_copy_bytes(env: Mapping[str, str] | None = None) -> int:
     except (OSError, ValueError):
         total = 16 << 30
     return max(1 << 30, total // 4)
-
-
-def _frame(secret: bytes, kind: str, header: dict[str, Any], payload: bytes | bytearray) -> bytes:
-    raw = json.dumps({**header, "nbytes": len(payload)}).encode()
-    return struct.pack(_LEN, len(raw)) + mac(secret, kind, raw) + raw
-
-
-def _unsigned(header: dict[str, Any]) -> bytes:
-    """A refusal to a request that did not authenticate: nothing it said is echoed, nothing signed."""
-    raw = json.dumps({**header, "nbytes": 0}).encode()
-    return struct.pack(_LEN, len(raw)) + bytes(MAC_BYTES) + raw
-
-
-def _read_exact(sock: socket.socket, n: int) -> bytearray:
-    """``n`` bytes, kept as they arrive (the buffer grows with what was received, not with what was claimed)."""
-    buf, chunk = bytearray(), bytearray(min(n, _CHUNK))
-    view = memoryview(chunk)
-    while len(buf) < n:
-        k = sock.recv_into(view, min(len(chunk), n - len(buf)))
-        if k == 0:
-            raise PeerProtocolError(f"connection closed after {len(buf)} of {n} bytes")
-        buf += view[:k]
-    return buf
 
 
 class Holder:
@@ -188,10 +158,10 @@ class _Conn:
         so that closing with unread bytes does not reset the connection before the client read the reply."""
 
     def head_wanted(self) -> int:
-        fixed = _LEN_BYTES + MAC_BYTES
+        fixed = LEN_BYTES + MAC_BYTES
         if len(self.head) < fixed:
             return fixed - len(self.head)
-        return fixed + struct.unpack_from(_LEN, self.head)[0] - len(self.head)
+        return fixed + struct.unpack_from(LEN, self.head)[0] - len(self.head)
 
 
 class HolderServer:
@@ -219,7 +189,7 @@ class HolderServer:
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._conns: dict[socket.socket, _Conn] = {}
-        self._chunk = bytearray(_CHUNK)
+        self._chunk = bytearray(CHUNK)
         self._stop = threading.Event()
         self._refused_from: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="npudist-peer-holder", daemon=True)
@@ -296,10 +266,10 @@ class HolderServer:
                 raise PeerProtocolError("closed before its header")
             conn.head += data
             conn.moved = time.monotonic()
-            if len(conn.head) == _LEN_BYTES + MAC_BYTES and struct.unpack_from(_LEN, conn.head)[0] > _MAX_HEADER:
-                raise PeerProtocolError(f"header of {struct.unpack_from(_LEN, conn.head)[0]} bytes "
-                                        f"(at most {_MAX_HEADER})")
-            if len(conn.head) >= _LEN_BYTES + MAC_BYTES and conn.head_wanted() == 0:
+            if len(conn.head) == LEN_BYTES + MAC_BYTES and struct.unpack_from(LEN, conn.head)[0] > MAX_HEADER:
+                raise PeerProtocolError(f"header of {struct.unpack_from(LEN, conn.head)[0]} bytes "
+                                        f"(at most {MAX_HEADER})")
+            if len(conn.head) >= LEN_BYTES + MAC_BYTES and conn.head_wanted() == 0:
                 self._authenticate(conn)
             return
         view = memoryview(self._chunk)
@@ -313,14 +283,14 @@ class HolderServer:
             self._reply(conn, *_answer(self.holder, conn.header, conn.body, conn.digest.hexdigest()))
 
     def _authenticate(self, conn: _Conn) -> None:
-        start = _LEN_BYTES + MAC_BYTES
-        tag, raw = bytes(conn.head[_LEN_BYTES:start]), bytes(conn.head[start:])
+        start = LEN_BYTES + MAC_BYTES
+        tag, raw = bytes(conn.head[LEN_BYTES:start]), bytes(conn.head[start:])
         if not verify(self.secret, "request", raw, tag):
             if len(self._refused_from) < 100 and conn.peer.rsplit(":", 1)[0] not in self._refused_from:
                 self._refused_from.add(conn.peer.rsplit(":", 1)[0])
                 log.warning("peer snapshot holder: refused %s: its request is not signed with this job's secret "
                             "(another job, or a node with another NPUDIST_PEER_SECRET)", conn.peer)
-            self._send(conn, _unsigned({"ok": False, "error": "not signed with this holder's job secret"}))
+            self._send(conn, unsigned({"ok": False, "error": "not signed with this holder's job secret"}))
             return
         header = json.loads(raw)
         if not isinstance(header, dict) or not isinstance(header.get("nbytes"), int) or header["nbytes"] < 0:
@@ -336,8 +306,8 @@ class HolderServer:
 
     def _reply(self, conn: _Conn, header: dict[str, Any], payload: bytes | bytearray) -> None:
         nonce = (conn.header or {}).get("nonce")
-        frame = _frame(self.secret, "reply", {**header, "re": nonce}, payload)
-        self._send(conn, frame, payload)
+        head = frame(self.secret, "reply", {**header, "re": nonce}, payload)
+        self._send(conn, head, payload)
 
     def _send(self, conn: _Conn, head: bytes, payload: bytes | bytearray = b"") -> None:
         conn.body = bytearray()  # a put's bytes now live in the holder (or were refused)
@@ -347,7 +317,7 @@ class HolderServer:
 
     def _write(self, conn: _Conn) -> None:
         while conn.out:
-            sent = conn.sock.send(conn.out[0][:_CHUNK * 4])
+            sent = conn.sock.send(conn.out[0][:CHUNK * 4])
             conn.moved = time.monotonic()
             conn.out[0] = conn.out[0][sent:]
             if len(conn.out[0]):
@@ -380,37 +350,3 @@ def serving(host: str, port: int = 0, *, secret: bytes, max_bytes: int | None = 
         yield server
     finally:
         server.close()
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def request(address: str, header: dict[str, Any], payload: bytes | bytearray = b"", *, secret: bytes,
-            timeout: float = TIMEOUT_S) -> tuple[dict[str, Any], bytearray]:
-    """One request to the holder at ``address`` (host:port), signed with the job's ``secret``; the reply is
-    checked the same way. OSError (PeerProtocolError, PeerAuthError) when it cannot be reached or used."""
-    nonce = secrets.token_hex(8)
-    with socket.create_connection(_split(address), timeout=timeout) as sock:
-        sock.sendall(_frame(secret, "request", {**header, "nonce": nonce}, payload))
-        if payload:
-            sock.sendall(payload)
-        fixed = _read_exact(sock, _LEN_BYTES + MAC_BYTES)
-        (size,) = struct.unpack_from(_LEN, fixed)
-        if size > _MAX_HEADER:
-            raise PeerProtocolError(f"reply header of {size} bytes (at most {_MAX_HEADER})")
-        raw = bytes(_read_exact(sock, size))
-        if not verify(secret, "reply", raw, bytes(fixed[_LEN_BYTES:])):
-            claim = raw[:200].decode("utf-8", "replace")
-            raise PeerAuthError(f"the reply of {address} is not signed with this job's secret (it said, unverified: "
-                                f"{claim}): another job's holder, or its node has another NPUDIST_PEER_SECRET")
-        try:
-            reply = json.loads(raw)
-            nbytes = int(reply["nbytes"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PeerProtocolError(f"bad reply header from {address}: {exc}") from None
-        if reply.get("re") != nonce:
-            raise PeerAuthError(f"the reply of {address} answers another request (a replayed reply)")
-        # A payload's bytes are checked against the sha256 its listing named by the caller (peer._fetch).
-        return reply, _read_exact(sock, nbytes) if nbytes else bytearray()
