@@ -62,8 +62,7 @@ def build() -> tuple[Path | None, str | None]:
     source = Path(__file__).with_name(SOURCE)
     try:
         path = native.cache_dir() / "sim_guard" / native.build_key(source)[:16] / "libnpudist_sim_guard.so"
-        return native.build_library(source, path, cxx=cxx, libs=("c10",), timeout_s=BUILD_TIMEOUT_S,
-                                    stds=("c++17",)), None
+        return native.build_library(source, path, cxx=cxx, libs=("c10",), timeout_s=BUILD_TIMEOUT_S), None
     except Exception as exc:  # a missing header, a failed build: the one-device fallback, with the reason
         return None, f"the guard did not build: {type(exc).__name__}: {str(exc)[:300]}"
 
