@@ -109,7 +109,8 @@ class Sentinel:
 
         backward.__wrapped__ = original_backward  # type: ignore[attr-defined]
         torch.Tensor.backward = backward
-        scaler_class = torch.amp.GradScaler
+        # torch.amp.GradScaler since torch 2.3; before, the scaler was torch.cuda.amp's (the only one).
+        scaler_class = getattr(torch.amp, "GradScaler", None) or torch.cuda.amp.GradScaler
         original_scale = scaler_class.scale
 
         def scale(scaler: Any, outputs: Any) -> Any:
