@@ -15,6 +15,7 @@ import torch
 
 from npudist.runtime import compat
 from tests.conftest import child_env, run_npudist, run_py
+from tests.sim import chips
 
 _SIM = pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
 # (accelerator, device type, backend, environment): the simulated host shows two chips.
@@ -92,8 +93,9 @@ def _check_rank(r: dict, world: int, device: tuple) -> None:
     index = r["local_rank"]
     assert r["backend"] == r["dist_backend"] == backend, r
     assert r["device"] == f"{device_type}:{index}" and r["current_device"] == index, r
-    # Every simulated tensor lives on npu:0 whatever index made it (npudist/sim/device.py says why).
-    assert r["tensor_device"] == (f"{device_type}:{index}" if accelerator == "cuda" else "npu:0"), r
+    # A simulated tensor is on npu:<local rank> where the simulation's device guard builds, else on npu:0
+    # whatever index made it (npudist/sim/device.py says why; tests/sim/chips.py).
+    assert r["tensor_device"] == (f"{device_type}:{index}" if accelerator == "cuda" else chips.device(index)), r
     names = [c[0] for c in r["calls"]]
     assert "set_device" in names and "init_process_group" in names, r["calls"]
     assert names.index("set_device") < names.index("init_process_group"), r["calls"]

@@ -2,6 +2,7 @@
 at one step, with or without a GradScaler. tests/examples/test_nan_sentinel.py runs it under `npudist launch`."""
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -55,5 +56,7 @@ for x, y in loader:
         raise
     if step % args.checkpoint_every == 0:
         checkpoint.save({"model": model.state_dict(), "step": step}, args.run_dir, step)
-print(f"rank={ctx.rank} trained to step={step} params_finite={all(p.isfinite().all() for p in model.parameters())}",
-      flush=True)
+finite = all(p.isfinite().all() for p in model.parameters())
+# One write per line: the two ranks share the launcher's stdout, and print's separate newline could interleave.
+sys.stdout.write(f"rank={ctx.rank} trained to step={step} params_finite={finite}\n")
+sys.stdout.flush()

@@ -121,10 +121,11 @@ def test_a_rank_stopped_while_nothing_waits_on_it_is_named_by_its_launcher_and_t
     """Rank 1 stops itself between steps while rank 0 spends 15 s in no collective (an evaluation), then
     resumes it: no collective waits on rank 1, so the hang reader has nothing to judge; the launcher, whose
     children the ranks are, names it from its process state, says when it runs again, and aborts nothing."""
-    proc, text, _elapsed, _left = _launch(tmp_path, 2, ["raw", "--steps", "40", "--fault", "pause", "--fault-rank",
+    # 400 steps: the job runs on about 4 s after the resume, past the launcher's next look (every 2 s).
+    proc, text, _elapsed, _left = _launch(tmp_path, 2, ["raw", "--steps", "400", "--fault", "pause", "--fault-rank",
                                                         "1", "--fault-step", "10", "--fault-seconds", "15"])
     assert proc.returncode == 0, text[-4000:]
-    assert text.count("DONE step=40") == 2
+    assert text.count("DONE step=400") == 2
     stop = re.search(r"FAULT pause rank=1 step=10 time=([\d.]+)", text)
     named = re.search(r"npudist launch: rank 1 \(pid (\d+) on \S+\) has been stopped \(state T: SIGSTOP or "
                       r"SIGTSTP\) for (\d+) s", text)
