@@ -15,6 +15,7 @@ torch_npu, so ``torch.npu`` and ``"npu:0"`` exist without ``import torch_npu``.
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -75,7 +76,20 @@ def install(mode: str = "npu", chips: int = 8) -> None:
     SIM.autocast_fallthrough = autocast.fallthrough()
     hccl.register(PROFILES[row])
     serialization.register()
+    atexit.register(_rest_before_finalizing)
     SIM.row = row
+
+
+def _rest_before_finalizing() -> None:
+    """Every simulated tensor is a Python object, so an autograd device thread that drops one (a backward's
+    last gradient, the graph it ran) needs the GIL; when that comes after the main thread started to finalize,
+    CPython ends the thread and the process aborts (``terminate called without an active exception``, the race
+    comm/quiesce.py describes for gloo's workers). A script that never calls ``npudist.init()`` has no Runtime
+    to wait for this at exit, so the simulation does: the same bounded wait, at exit, while the interpreter
+    is whole."""
+    from npudist.comm.quiesce import quiesce
+
+    quiesce()
 
 
 def activate() -> str | None:
