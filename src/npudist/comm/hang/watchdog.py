@@ -33,7 +33,7 @@ from typing import Any
 import torch.distributed as dist
 
 from npudist.comm import pg_watch
-from npudist.comm.hang import failure
+from npudist.comm.hang import agree, failure
 from npudist.comm.hang.abort_note import abort
 from npudist.comm.hang.failure import NATIVE, CollectiveHangError
 from npudist.comm.hang.main_thread import look_at_main
@@ -102,6 +102,8 @@ class Watchdog:
         """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
         self.standby: Any = None
         """Rank 1's stand-in for rank 0's reader (hang_reader.py); None elsewhere."""
+        self.agree: agree.TimeoutsCheck | None = None
+        """Rank 0's one comparison of the ranks' timeouts (agree.py), until it is done; None elsewhere."""
         self.reader_factory = reader_factory
         """Builds the reader from (this watchdog, world size, standby=...); the CommState passes HangReader."""
         self._off = not enabled
@@ -139,6 +141,8 @@ class Watchdog:
                 return None
             self.record = Record(rank=dist.get_rank())
             self.native = self.watch_mode == "native" and pg_watch.dispatched(dist.group.WORLD) and pg_watch.load()
+            if self.record.rank == 0:
+                self.agree = agree.TimeoutsCheck(dist.get_world_size())
             if self.hang_action != "off" and self.reader_factory is not None:
                 if self.record.rank == 0:
                     self.reader = self.reader_factory(self, dist.get_world_size())
@@ -252,6 +256,7 @@ class Watchdog:
             return
         if not self._who_sent:
             store.set(who_key(rec.rank), json.dumps(_where_i_run()))
+            agree.publish(store, rec.rank, os.environ)
             self._who_sent = True
         for name in [g for g in rec.groups if g not in self._groups_sent]:
             self._groups_sent.add(name)
@@ -316,6 +321,8 @@ class Watchdog:
                     next_poll = now + PUBLISH_INTERVAL_S
                     self._poll()
                     self._tick_readers()
+                    if self.agree is not None and self.agree.tick(self._connect()):
+                        self.agree = None
                 self._failing_since = None
             except Exception as exc:  # the watchdog must never take the job down
                 (log.debug if self._failures else log.warning)(
@@ -375,6 +382,7 @@ class Watchdog:
         self.record = None
         self.reader = None
         self.standby = None
+        self.agree = None
         self._who_sent = False
         if self.native:  # the next process group of this process counts from zero
             pg_watch.reset()
