@@ -45,9 +45,12 @@ try:
     late = None
 except ValueError as exc:
     late = str(exc)
+from npudist.comm.state import state as comm_state
+npudist.loop(run_dir=sys.argv[1])  # the hang watchdog writes its reports there too
+hang_dir = comm_state().watchdog.run_dir
 npudist.shutdown()
 after = (dl._BaseDataLoaderIter.__dict__["__next__"], sys.excepthook, signal.getsignal(signal.SIGINT))
-print("RESULT " + json.dumps({"hooked": hooked, "step": step, "late": late, "losses": losses,
+print("RESULT " + json.dumps({"hooked": hooked, "step": step, "late": late, "losses": losses, "hang_dir": hang_dir,
                               "restored": [a is b for a, b in zip(before, after)]}))
 '''
 
@@ -57,9 +60,10 @@ print("RESULT " + json.dumps({"hooked": hooked, "step": step, "late": late, "los
 def test_a_loop_without_an_optimizer_and_what_shutdown_leaves(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(SCRIPT)
-    done = run_py([str(script)], env=child_env(), timeout=120)
+    done = run_py([str(script), str(tmp_path / "run")], env=child_env(), timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert result["hang_dir"] == str(tmp_path / "run")
     assert result["hooked"] and result["step"] == 6
     assert result["restored"] == [True, True, True]
     assert "before the loop starts" in result["late"]

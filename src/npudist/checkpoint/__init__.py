@@ -1,7 +1,8 @@
 """Crash-safe checkpoints: atomic writes, checksums, the last K kept, bad ones skipped on resume,
-asynchronous writes, and one job per run directory."""
+asynchronous writes, one job per run directory, and a training loop's use of them (LoopCheckpoints)."""
 
 from npudist.checkpoint.lock import RunDirBusy, RunDirLock, RunDirLockError, lock_run_dir
+from npudist.checkpoint.loop import LoopCheckpoints, describe_newest, state_sha256
 from npudist.checkpoint.peer import PeerSnapshots, Restored, restore
 from npudist.checkpoint.store import CheckpointError, list_checkpoints, load_latest, save
 from npudist.checkpoint.writer import CheckpointStats, SaveHandle, writer
@@ -23,17 +24,20 @@ def stats() -> CheckpointStats:
 __all__ = [
     "CheckpointError",
     "CheckpointStats",
+    "LoopCheckpoints",
     "PeerSnapshots",
     "Restored",
     "RunDirBusy",
     "RunDirLock",
     "RunDirLockError",
     "SaveHandle",
+    "describe_newest",
     "list_checkpoints",
     "load_latest",
     "lock_run_dir",
     "peer_snapshots",
     "restore",
     "save",
+    "state_sha256",
     "stats",
 ]

@@ -72,6 +72,7 @@ def loop(**settings: Any) -> Any:
     ``exchange_every``, ``op_every``, ``op_ranks``, ``straggler_diagnosis``, ``telemetry``,
     ``resume_source`` and ``tensorboard`` (rank 0's TensorBoard event files). Call it after init() and
     before the first step; calling it again changes the settings (start_step only before a step ended).
+    A ``run_dir`` is also where the hang watchdog writes its reports (as NPUDIST_RUN_DIR is).
     """
     rt = current()
     the_loop = _loop_of(rt, "loop()")
@@ -79,6 +80,10 @@ def loop(**settings: Any) -> Any:
         raise ValueError(f"npudist.loop: {', '.join(sorted(settings))} must be given before the loop starts: "
                          "pass init(watch=False) and call npudist.loop(...) once with them")
     the_loop.configure(**settings)
+    if settings.get("run_dir"):
+        from npudist.comm import set_run_dir
+
+        set_run_dir(settings["run_dir"])
     _start(rt, the_loop)
     return the_loop
 
