@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import threading
 
-from npudist.comm.quiesce import QUIESCE_S, SAMPLE_S, ThreadState, backend_busy, parse_stat, quiesce, read_threads
+from npudist.comm.quiesce import (
+    QUIESCE_S,
+    SAMPLE_S,
+    ThreadState,
+    backend_busy,
+    failed_by_collective,
+    parse_stat,
+    quiesce,
+    read_threads,
+)
 from npudist.runtime.state import CLOSE_ORDER
 
 # Recorded from a gloo rank on Linux 6.x: the worker's name, and a name holding ") " as a script may choose.
@@ -54,9 +63,9 @@ class World:
         self.sleeps += 1
         self.now += s
 
-    def run(self, timeout_s: float = QUIESCE_S):
+    def run(self, timeout_s: float = QUIESCE_S, failed: bool = False):
         return quiesce(timeout_s, threads=self.threads, flying=self.flying, python_ids=lambda: set(),
-                       sleep=self.sleep, clock=lambda: self.now)
+                       sleep=self.sleep, clock=lambda: self.now, failed=lambda: failed)
 
 
 def test_quiet_backend_needs_two_quiet_samples_in_a_row():
@@ -88,3 +97,58 @@ def test_the_wait_is_bounded_and_says_what_was_still_busy():
 def test_the_backend_step_comes_after_the_group_and_before_the_run_dir_lock():
     order = list(CLOSE_ORDER)
     assert order.index("comm") < order.index("group") < order.index("backend") < order.index("run_dir_locks")
+
+
+def test_a_rank_leaving_on_a_failed_collective_waits_only_for_its_threads():
+    # The failed call stays in flight for good (pg_watch.cpp counts completions only): waiting on it is the
+    # whole bound for nothing. The threads' rest is still waited for.
+    w = World(busy=[True, True, False], flying=[1])
+    got = w.run(failed=True)
+    assert got.quiet and w.sleeps == 3
+    assert got.waited_s < 5 * SAMPLE_S
+    stuck = World(busy=[False], flying=[1])
+    assert not stuck.run(timeout_s=0.5).quiet  # the same counters without a failure: waited for, to the bound
+
+
+def _raised_in(filename: str, exc: BaseException) -> BaseException:
+    """``exc`` raised from code compiled as ``filename`` (a stand-in for a frame of that library)."""
+    try:
+        exec(compile("raise exc", filename, "exec"), {"exc": exc})
+    except BaseException as got:
+        return got
+    raise AssertionError("not raised")
+
+
+def test_a_collective_failure_is_told_by_where_it_was_raised_or_its_type():
+    import torch.distributed as dist
+
+    gloo = _raised_in("/venv/site-packages/torch/distributed/distributed_c10d.py",
+                      RuntimeError("Connection closed by peer"))
+    assert failed_by_collective(gloo)
+    assert failed_by_collective(_raised_in("/src/npudist/comm/watched.py", RuntimeError("hang")))
+    assert failed_by_collective(dist.DistBackendError("NCCL error"))
+    try:  # the script's own exception raised while handling the collective's
+        try:
+            raise gloo
+        except RuntimeError as inner:
+            raise SystemExit(1) from inner
+    except SystemExit as outer:
+        assert failed_by_collective(outer)
+
+
+def test_other_exceptions_keep_the_whole_wait():
+    assert not failed_by_collective(None)
+    assert not failed_by_collective(_raised_in("/work/train.py", ValueError("bad batch")))
+    assert not failed_by_collective(_raised_in("/work/train.py", RuntimeError("CUDA out of memory")))
+
+    # A wrapper further out in torch.distributed (torchrun's @record) does not make any exception a collective's.
+    def script():
+        raise ValueError("bad batch")
+
+    wrapper = compile("def record(fn):\n    fn()\n", "/venv/torch/distributed/elastic/errors/__init__.py", "exec")
+    scope: dict = {}
+    exec(wrapper, scope)
+    try:
+        scope["record"](script)
+    except ValueError as exc:
+        assert not failed_by_collective(exc)

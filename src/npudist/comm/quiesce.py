@@ -19,16 +19,23 @@ been seen asleep in two samples in a row while this thread sleeps without the GI
 GIL for such a drop gets it then, while the interpreter is whole. The Runtime runs it after the process
 group is ended (``CLOSE_ORDER``'s ``backend``), also from the exit hook of a script that never called
 ``npudist.shutdown()``.
+
+A collective that failed (a timeout, a peer gone) stays in flight in the watch's counters (pg_watch.cpp
+counts only completions), and nothing will ever complete it: when the rank is leaving on a collective's
+exception, the in-flight part of the wait is skipped (``collective_failed``) and only the threads' rest is
+waited for, so a failing rank does not sit out the whole bound before its launcher hears of the failure.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import TracebackType
 
 log = logging.getLogger("npudist.comm")
 
@@ -115,6 +122,43 @@ def in_flight() -> int:
     return sum(max(0, g.entered - g.done) + max(0, g.p2p_entered - g.p2p_done) for g in snap.groups)
 
 
+_COLLECTIVE_CODE = (("torch", "distributed"), ("npudist", "comm"))
+"""Where a collective's exception is raised from: torch.distributed (c10d, its Work.wait) or npudist.comm's
+door (CollectiveHangError). A gloo failure is a plain RuntimeError, so the traceback tells, not the type."""
+
+
+def _from_collective(tb: TracebackType | None) -> bool:
+    """Whether the innermost frame (where it was raised) is a collective's code. Only that one: a frame further
+    out may be a wrapper around any code (torchrun's ``@record`` lives in torch.distributed.elastic)."""
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    parts = tuple(tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/"))
+    return any(parts[i:i + 2] == code for code in _COLLECTIVE_CODE for i in range(len(parts) - 1))
+
+
+def failed_by_collective(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or one it was raised from or during) is a collective's failure: torch's DistError, or
+    an exception raised inside torch.distributed or npudist.comm."""
+    from npudist.runtime.compat import is_dist_error
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if is_dist_error(exc) or _from_collective(exc.__traceback__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def collective_failed() -> bool:
+    """Whether this rank is leaving on a collective's exception: the one being handled (``shutdown()`` in an
+    ``except``/``finally``), or the one that ended the script (CPython sets ``sys.last_value`` before the
+    exit hooks run)."""
+    return failed_by_collective(sys.exc_info()[1]) or failed_by_collective(getattr(sys, "last_value", None))
+
+
 def _python_ids() -> set[int]:
     ids = {t.native_id for t in threading.enumerate() if t.native_id is not None}
     ids.add(threading.get_native_id())
@@ -123,12 +167,15 @@ def _python_ids() -> set[int]:
 
 def quiesce(timeout_s: float = QUIESCE_S, *, threads: Callable[[], list[ThreadState]] = read_threads,
             flying: Callable[[], int] = in_flight, python_ids: Callable[[], set[int]] = _python_ids,
-            sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> Quiet:
-    """Wait until no collective is in flight and the backend's threads are at rest, at most ``timeout_s``."""
+            sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+            failed: Callable[[], bool] = collective_failed) -> Quiet:
+    """Wait until no collective is in flight and the backend's threads are at rest, at most ``timeout_s``;
+    only for the threads when the rank leaves on a failed collective (nothing completes what is in flight)."""
     began = clock()
     quiet_in_a_row = 0
+    count_flying = not failed()
     while True:
-        n, busy = flying(), backend_busy(threads(), python_ids())
+        n, busy = flying() if count_flying else 0, backend_busy(threads(), python_ids())
         quiet_in_a_row = quiet_in_a_row + 1 if n == 0 and not busy else 0
         waited = clock() - began
         if quiet_in_a_row >= QUIET_SAMPLES:
