@@ -10,7 +10,7 @@ import pytest
 from npudist.doctor import FAIL, OK, SKIP, WARN, Host
 from npudist.doctor import ascend_host as ah
 from npudist.doctor.ascend import version_triad
-from tests.conftest import fakes_path
+from tests.conftest import child_env, fakes_path
 
 
 def _root(tmp_path, chips=range(8), extras=("davinci_manager", "devmm_svm", "hisi_hdc"), lib=True, pids=()):
@@ -56,6 +56,93 @@ def test_visible_devices_count_chips_from_npu_smi_without_dev_files(tmp_path, mo
     monkeypatch.setenv("PATH", fakes_path())  # info-m-mapping.txt: two chips with logical IDs 0 and 1
     got = ah.visible_devices(Host(env={"PATH": fakes_path(), "ASCEND_RT_VISIBLE_DEVICES": "2"}, root=tmp_path))
     assert got.status == FAIL and "2 device(s) are present" in got.finding
+
+
+# --- ASCEND_RT_VISIBLE_DEVICES against torch.npu.device_count() (a probe injected; npu_probe.py's own below) ---
+
+def _counted(root, count, **env) -> Host:
+    """A host whose torch.npu.device_count() answers ``count`` (an exception: raised) under its environment."""
+    def probe(seen_env):
+        assert seen_env.get("ASCEND_RT_VISIBLE_DEVICES") == env.get("ASCEND_RT_VISIBLE_DEVICES")  # asked under it
+        if isinstance(count, Exception):
+            raise count
+        return count
+
+    return Host(env={"PATH": "", **env}, root=root, port_free=lambda p: True, npu_count=probe)
+
+
+@pytest.mark.parametrize(("value", "count", "status", "words", "fix"), [
+    # A list the runtime cannot read: it drops devices without an error, the count shows it.
+    ("3,1", 0, FAIL, "must be ascending and distinct (the runtime supports only ascending order); write 1,3; "
+     "torch.npu.device_count() is 0 under it", "ascending"),
+    ("0,1,2,3", 4, OK, "physical device(s) 0,1,2,3 of 8; torch.npu.device_count() agrees (4)", ""),
+    (None, 8, OK, "all 8 device(s) visible (physical 0,1,2,3,4,5,6,7); torch.npu.device_count() agrees (8)", ""),
+    # A valid list, yet the runtime opens fewer (a device held or not mounted, or a list set too late).
+    ("0,1,2,3", 2, FAIL, "physical device(s) 0,1,2,3 of 8, but torch.npu.device_count() is 2, not 4", "mounted"),
+])
+def test_visible_devices_against_what_torch_npu_counts(tmp_path, value, count, status, words, fix):
+    env = {} if value is None else {"ASCEND_RT_VISIBLE_DEVICES": value}
+    got = ah.visible_devices(_counted(_root(tmp_path), count, **env))
+    assert got.status == status and words in got.finding, got
+    assert fix in got.fix
+
+
+def test_a_probe_that_hangs_is_a_warning_that_keeps_the_tree_check(tmp_path):
+    from npudist.doctor.npu_probe import ProbeError
+
+    hung = ProbeError("torch.npu.device_count() did not answer in 60 s (the runtime hangs: see `npu-smi info`)")
+    root = _root(tmp_path)
+    got = ah.visible_devices(_counted(root, hung, ASCEND_RT_VISIBLE_DEVICES="0,1"))
+    assert got.status == WARN and "physical device(s) 0,1 of 8; torch.npu.device_count() did not answer" in got.finding
+    assert "by hand" in got.fix
+    bad_list = ah.visible_devices(_counted(root, hung, ASCEND_RT_VISIBLE_DEVICES="1,0"))
+    assert bad_list.status == FAIL and "ascending" in bad_list.fix  # the list's own fault stays the finding
+
+
+@pytest.mark.parametrize(("value", "count", "status", "words"), [
+    ("0,1,2", 3, OK, "torch.npu.device_count() is 3 under ASCEND_RT_VISIBLE_DEVICES=0,1,2"),
+    ("0,1,2", 1, FAIL, "lists 3 device(s), but torch.npu.device_count() is 1"),
+    ("2,0", 0, FAIL, "must be ascending"),
+    (None, 8, OK, "torch.npu.device_count() is 8 (torch_npu; no /dev/davinciN"),
+])
+def test_without_a_device_tree_the_count_is_checked_against_the_list(tmp_path, value, count, status, words):
+    env = {} if value is None else {"ASCEND_RT_VISIBLE_DEVICES": value}
+    got = ah.visible_devices(_counted(tmp_path, count, **env))
+    assert got.status == status and words in got.finding, got
+
+
+def test_nothing_to_probe_and_no_tree_is_not_applicable(tmp_path):
+    assert ah.visible_devices(_counted(tmp_path, None)).status == SKIP
+
+
+def test_the_probe_reads_the_count_the_child_printed():
+    from npudist.doctor.npu_probe import parse_count
+
+    assert parse_count("warning: CANN 8.0\nnpudist-npu-count=4\n") == 4
+    assert parse_count("Segmentation fault\n") is None
+    assert parse_count("npudist-npu-count=x\n") is None
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("code", "words"), [
+    ("import time; time.sleep(30)", "did not answer in 1 s"),
+    ("import sys; sys.exit('ImportError: libhccl.so: cannot open shared object file')", "libhccl.so"),
+])
+def test_a_child_that_hangs_or_dies_becomes_a_probe_error(monkeypatch, code, words):
+    from npudist.doctor import npu_probe
+
+    monkeypatch.setattr(npu_probe, "probe_code", lambda env: code)
+    with pytest.raises(npu_probe.ProbeError, match=words):
+        npu_probe.npu_count(child_env(), timeout_s=1)
+
+
+@pytest.mark.subprocess
+def test_the_simulated_npu_is_counted_under_the_list(tmp_path):
+    # The real probe, in a child: npudist.sim's device_count() under ASCEND_RT_VISIBLE_DEVICES.
+    env = child_env({"NPUDIST_SIMULATE": "npu", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2", "PATH": ""})
+    got = ah.visible_devices(Host(env=env, root=tmp_path))
+    assert got.status == OK, got
+    assert "torch.npu.device_count() is 3 under ASCEND_RT_VISIBLE_DEVICES=0,1,2 (simulated NPU" in got.finding
 
 
 # --- devices held by processes --------------------------------------------------------------------------

@@ -40,25 +40,92 @@ def _chip_count(host: Host) -> int | None:
         return None
 
 
+_FIX_LIST = "list logical IDs 0..{last}, ascending, comma-separated without spaces (CANN: {var}); devices left out " \
+    "silently vanish"
+_FIX_UNSEEN = ("the runtime does not open the devices the list selects: check that they are free "
+               "(ascend-device-holders) and mounted (ascend-mounts), that the list holds logical IDs of the devices "
+               "this host or container holds, ascending, and that it is set before the process starts")
+_FIX_PROBE = ("run `python -c 'import torch, torch_npu; print(torch.npu.device_count())'` by hand: a hang or crash "
+              "there is the driver or CANN (`npu-smi info`, the ascend-env check)")
+
+
+def _torch_count(host: Host) -> tuple[int | None, str | None]:
+    """(what torch.npu.device_count() says under this environment, why it could not be asked)."""
+    from npudist.doctor.npu_probe import ProbeError
+
+    try:
+        return host.npu_count(host.env), None
+    except ProbeError as exc:
+        return None, str(exc)
+
+
 @check("ascend-visible-devices")
 def visible_devices(host: Host) -> CheckResult:
+    """ASCEND_RT_VISIBLE_DEVICES against the devices present (/dev/davinciN, else npu-smi) and, where torch_npu
+    or the simulated NPU is importable, against what ``torch.npu.device_count()`` reports under it: a list the
+    runtime cannot read loses devices without an error."""
     name = "ascend-visible-devices"
     present = present_devices(host.root)
     if not present:
         count = _chip_count(host)
         present = list(range(count)) if count else []
     raw = host.env.get(VISIBLE_VAR)
+    seen, why_not = _torch_count(host)
     if not present:
-        return CheckResult(name, SKIP, "no Ascend device here (/dev/davinciN or `npu-smi info -m`)")
+        if seen is None and why_not is None:
+            return CheckResult(name, SKIP, "no Ascend device here (/dev/davinciN or `npu-smi info -m`)")
+        return _without_tree(host, raw, seen, why_not)
+    expected: int | None = None
     if raw is None or not raw.strip():
-        return CheckResult(name, OK, f"{VISIBLE_VAR} unset: all {len(present)} device(s) visible "
-                           f"(physical {_ids(present)})")
-    try:
-        chosen = visible_physical(raw, present)
-    except RankTableError as exc:
-        return CheckResult(name, FAIL, str(exc), f"list logical IDs 0..{len(present) - 1}, ascending, comma-separated "
-                           f"without spaces (CANN: ASCEND_RT_VISIBLE_DEVICES); devices left out silently vanish")
-    return CheckResult(name, OK, f"{VISIBLE_VAR}={raw}: physical device(s) {_ids(chosen)} of {len(present)}")
+        expected = len(present)
+        found = CheckResult(name, OK, f"{VISIBLE_VAR} unset: all {len(present)} device(s) visible "
+                            f"(physical {_ids(present)})")
+    else:
+        try:
+            chosen = visible_physical(raw, present)
+        except RankTableError as exc:
+            found = CheckResult(name, FAIL, str(exc), _FIX_LIST.format(last=len(present) - 1, var=VISIBLE_VAR))
+        else:
+            expected = len(chosen)
+            found = CheckResult(name, OK, f"{VISIBLE_VAR}={raw}: physical device(s) {_ids(chosen)} of {len(present)}")
+    return _against_torch(found, expected, seen, why_not)
+
+
+def _against_torch(found: CheckResult, expected: int | None, seen: int | None, why_not: str | None) -> CheckResult:
+    if why_not is not None:
+        return CheckResult(found.name, WARN if found.status == OK else found.status, f"{found.finding}; {why_not}",
+                           found.fix or _FIX_PROBE)
+    if seen is None:
+        return found
+    if expected is None:  # the list itself is wrong: the count shows what the runtime made of it
+        return CheckResult(found.name, found.status, f"{found.finding}; torch.npu.device_count() is {seen} under it",
+                           found.fix)
+    if seen != expected:
+        return CheckResult(found.name, FAIL, f"{found.finding}, but torch.npu.device_count() is {seen}, not "
+                           f"{expected}", _FIX_UNSEEN)
+    return CheckResult(found.name, OK, f"{found.finding}; torch.npu.device_count() agrees ({seen})")
+
+
+def _without_tree(host: Host, raw: str | None, seen: int | None, why_not: str | None) -> CheckResult:
+    """No device tree to check against (the simulated NPU, a container without /dev files): the list's form, and
+    the count the runtime reports under it."""
+    name = "ascend-visible-devices"
+    what = "simulated NPU" if host.env.get("NPUDIST_SIMULATE", "").strip() else "torch_npu"
+    if why_not is not None:
+        return CheckResult(name, WARN, f"no /dev/davinciN or npu-smi here, and {why_not}", _FIX_PROBE)
+    listed = [t for t in (raw or "").split(",") if t.strip()]
+    if listed:
+        try:
+            visible_physical(raw, range(1 << 16))  # the form only: nothing says how many devices there are
+        except RankTableError as exc:
+            return CheckResult(name, FAIL, f"{exc}; torch.npu.device_count() is {seen} under it",
+                               _FIX_LIST.format(last="N-1", var=VISIBLE_VAR))
+        if seen is not None and seen < len(listed):
+            return CheckResult(name, FAIL, f"{VISIBLE_VAR}={raw} lists {len(listed)} device(s), but "
+                               f"torch.npu.device_count() is {seen} ({what})", _FIX_UNSEEN)
+    shown = f" under {VISIBLE_VAR}={raw}" if listed else ""
+    return CheckResult(name, OK, f"torch.npu.device_count() is {seen}{shown} ({what}; no /dev/davinciN to check "
+                       "against)")
 
 
 def _ids(ids: Sequence[int]) -> str:

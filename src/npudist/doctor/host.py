@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npudist.doctor.npu_probe import npu_count
 from npudist.runtime.network import Interface, route_to
 from npudist.runtime.toolrun import run_tool
 
@@ -65,6 +66,9 @@ class Host:
     route: Callable[[str], Interface] = route_to
     connect: Callable[[str, int, float], None] = _connect
     port_free: Callable[[int], bool] = _port_free
+    npu_count: Callable[[Mapping[str, str]], int | None] = npu_count
+    """``torch.npu.device_count()`` under an environment (npu_probe.py: a child with a timeout); None where
+    neither torch_npu nor the simulated NPU is importable."""
 
     def which(self, tool: str) -> str | None:
         return shutil.which(tool, path=self.env.get("PATH", os.defpath))
