@@ -245,7 +245,7 @@ def measure_rank_series(steps: int, port: int) -> dict[str, int]:
     try:
         torch.manual_seed(0)
         model = example.TinyLM(args.vocab, args.d_model, args.layers, args.seq_len, args.activation)
-        ddp = npudist.ddp(model, **example.NO_BUFFER_SYNC)
+        ddp = npudist.ddp(model)
         opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
         telemetry = npudist.telemetry.serve_rank_metrics(ctx, env={}, device_source="cpu")
         timer = telemetry.step_timer(exchange_every=20, op_every=steps)  # the example: ops every 100

@@ -69,11 +69,10 @@ def worker(args: argparse.Namespace) -> None:
     ex = _example()
     cfg = ex.parse_args([])
     ctx = npudist.init()
-    no_sync = ex.NO_BUFFER_SYNC  # as in the example
 
     def build() -> tuple[DDP, torch.optim.Optimizer]:
         torch.manual_seed(cfg.seed)
-        ddp = npudist.ddp(ex.TinyLM(cfg.vocab, cfg.d_model, cfg.layers, cfg.seq_len, cfg.activation), **no_sync)
+        ddp = npudist.ddp(ex.TinyLM(cfg.vocab, cfg.d_model, cfg.layers, cfg.seq_len, cfg.activation))
         return ddp, torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
 
     telemetry = npudist.telemetry.serve_rank_metrics(ctx)

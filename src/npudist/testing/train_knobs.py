@@ -1,18 +1,24 @@
 """The faults, slow ranks and holds the tests inject into examples/train_ddp.py, kept out of the example.
 
 The example stays what a user would copy; its command line keeps these flags (checks outside this repository
-run it with --slow-rank and --slow-ms), added by ``add_arguments``. Each knob acts on one rank at one place
-of a step, and only when its flag is given.
+run it with --slow-rank and --slow-ms), added by ``add_arguments``, and its loop runs inside ``injected()``,
+which places the knobs with hooks: the model's forward pre-hook (a step's start), its forward hook (between
+forward and backward) and torch's global optimizer post-step hook (a step's end, after npudist's own, so
+npudist has counted the step first). Each knob acts on one rank at one place of a step, and only when its
+flag is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import npudist
 from npudist.runtime.env import launcher_env
@@ -53,15 +59,15 @@ def inject(args: argparse.Namespace, step: int, rank: int, where: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP if args.fault == "sigstop" else signal.SIGKILL)
 
 
-def loss_average(args: argparse.Namespace, loss: torch.Tensor, step: int, rank: int) -> bool:
-    """With --fault, every rank averages the loss every step: the collective skip and mismatch break.
+def step_average(args: argparse.Namespace, step: int, rank: int, device: torch.device) -> bool:
+    """With --fault, every rank runs one extra average every step: the collective skip and mismatch break.
 
     False: this rank skips it and stops training, as a rank whose data ran out a step early (a rank that
     skipped one call and went on would have gloo abort a peer: "collective mismatch").
     """
     if args.fault is None:
         return True
-    value = loss.detach().reshape(1).float()
+    value = torch.ones(1, device=device)
     if rank == args.fault_rank and step == args.fault_step and args.fault in ("skip", "mismatch"):
         announce(args, rank, step)
         if args.fault == "skip":
@@ -80,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="testing hang diagnosis: --fault-rank misbehaves at --fault-step (sigstop, sigkill: "
                    "signals itself after its backward; sleep: sleeps between forward and backward; stall: "
                    "sleeps before the forward; skip, mismatch: skips, or sends a wrong-sized, the per-step "
-                   "loss average that every rank runs when --fault is given)")
+                   "average that every rank runs when --fault is given)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=3)
     p.add_argument("--slow-factor", type=float, default=1.0,
@@ -97,23 +103,71 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="testing: every rank prints its 'rank=R done' line (otherwise rank 0 owns the console)")
 
 
-class Slowdown:
-    """--slow-rank: that rank sleeps --slow-ms per step plus (--slow-factor - 1) x its step time, from step
-    --slow-from, and with --slow-when only from the first step at which that file exists."""
+class Skipped(Exception):
+    """--fault skip: this rank leaves its training loop (raised at the step's end; ``injected`` ends the loop)."""
 
-    def __init__(self, args: argparse.Namespace, rank: int) -> None:
-        self.args, self.rank = args, rank
-        self.now = not args.slow_when
 
-    def __call__(self, step: int, began: float) -> None:
-        """At the end of step ``step``, which began at ``began`` (time.perf_counter)."""
+class _Knobs:
+    """The hooks ``injected`` installs; ``done`` is the last step this rank finished."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, start: int) -> None:
+        self.args, self.rank, self.start, self.done = args, rank, start, start
+        self.slow_now = not args.slow_when
+        self.began = time.perf_counter()
+        self.device = torch.device("cpu")
+
+    def before_forward(self, _module: torch.nn.Module, inputs: tuple) -> None:
+        args, done = self.args, self.done
+        if args.run_dir and done > self.start and done % args.checkpoint_every == 0 and \
+                done - args.checkpoint_every <= self.start:  # this process saved its first checkpoint at ``done``
+            hold(args, self.rank, "checkpoint")
+        self.began = time.perf_counter()
+        if inputs and isinstance(inputs[0], torch.Tensor):
+            self.device = inputs[0].device
+        inject(args, done + 1, self.rank, "start")
+
+    def after_forward(self, _module: torch.nn.Module, _inputs: tuple, _output: object) -> None:
+        inject(self.args, self.done + 1, self.rank, "backward")
+
+    def after_step(self, _optimizer: torch.optim.Optimizer, _args: object, _kwargs: object) -> None:
+        step = self.done = self.done + 1
+        inject(self.args, step, self.rank, "end")
+        if not step_average(self.args, step, self.rank, self.device):
+            raise Skipped
+        self.slow_down(step)
+
+    def slow_down(self, step: int) -> None:
+        """--slow-rank: that rank sleeps --slow-ms plus (--slow-factor - 1) x the time since its forward began,
+        from step --slow-from, and with --slow-when only from the first step at which that file exists."""
         args = self.args
         if self.rank != args.slow_rank or step < args.slow_from:
             return
-        self.now = self.now or os.path.exists(args.slow_when)  # a stat a step, on the slow rank only
-        if self.now:
-            took = time.perf_counter() - began
+        self.slow_now = self.slow_now or os.path.exists(args.slow_when)  # a stat a step, on the slow rank only
+        if self.slow_now:
+            took = time.perf_counter() - self.began
             time.sleep(args.slow_ms / 1000 + (args.slow_factor - 1) * took)
+
+
+@contextlib.contextmanager
+def injected(args: argparse.Namespace, rank: int, model: torch.nn.Module, start: int) -> Iterator[None]:
+    """Around the example's loop (entered after npudist.loop(), so its step hook runs before ours): holds,
+    faults and slow ranks at their places in each step, a --fault skip ending the loop, and the flight
+    recorder's dump when a step fails. ``start`` is the step the run resumed from (0: a fresh run)."""
+    if start:
+        hold(args, rank, "resume")
+    knobs = _Knobs(args, rank, start)
+    handles = [model.register_forward_pre_hook(knobs.before_forward), model.register_forward_hook(knobs.after_forward),
+               register_optimizer_step_post_hook(knobs.after_step)]
+    try:
+        yield
+    except Skipped:
+        pass
+    except Exception:
+        dump_flight_recorder(rank)
+        raise
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def dump_flight_recorder(rank: int) -> None:
