@@ -71,3 +71,10 @@ RKNN_VENV ?= .venv-rknn
 .PHONY: rknn-env
 rknn-env:
 	bash scripts/rknn-env.sh $(RKNN_VENV)
+
+# torchtitan 0.3.0's own environment (torch 2.15.0): tests/sim/test_torchtitan.py trains its llama3 debug model on the
+# simulated NPU there (NPUDIST_TORCHTITAN_PYTHON=$(TORCHTITAN_VENV)/bin/python).
+TORCHTITAN_VENV ?= .venv-torchtitan
+.PHONY: torchtitan-env
+torchtitan-env:
+	bash scripts/torchtitan-env.sh $(TORCHTITAN_VENV)
