@@ -1,9 +1,10 @@
 """In-memory peer snapshots and the restart path that picks the freshest verified copy.
 
-Every K steps a rank stages its state into host memory (the async checkpoint's HostStaging, so device
-state is copied the way ``host_copy`` copies it); the host tensors an optimizer owns are cloned on a stager
-thread instead, and every optimizer's next step waits for that clone (the step waits for a consistent
-view, not for the send). The stager serialises and hashes the copy, and the checkpoint writer's thread
+Every K steps a rank takes a consistent view of its state (peer_view.py): what a forward or the caller
+may change is copied at the call (device state the way the async checkpoint's HostStaging copies it); the
+host tensors an optimizer owns are copied on a stager thread into buffers reused from one snapshot to the
+next, and every optimizer's next step waits for that copy (the step waits for a consistent view, not for
+the send). The stager serialises and hashes the copy, and the checkpoint writer's thread
 sends it to the holder of its partner's node (peer_holder.py) and to its own node's. The partner is
 ``(rank + local_world_size) % world``: a rank of the next node, so one lost node never takes both a
 rank and its copy; on a single node it is the rank itself and the copy sits in this node's holder,
@@ -34,7 +35,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from npudist.checkpoint import peer_auth
 from npudist.checkpoint.peer_holder import KEEP, request
-from npudist.checkpoint.staging import HostStaging, clone_deferred
+from npudist.checkpoint.peer_view import Path, assemble, at, owned_storages, walk
+from npudist.checkpoint.staging import HostStaging, copy_host, on_device
 from npudist.checkpoint.store import list_checkpoints, load_latest
 from npudist.checkpoint.writer import CheckpointError, writer
 from npudist.comm import control
@@ -87,6 +89,10 @@ class PeerSnapshots:
         self.rank, self.world, self.partner = rank, world, partner
         self.stats = PeerStats()
         self._staging = HostStaging()
+        self._owned_copy = HostStaging(needs_copy=lambda t: True)
+        """The optimizers' tensors, copied on the stager thread into buffers reused while the layout holds."""
+        self._plan: tuple[Path, ...] | None = None
+        """Paths of the leaves the next call copies (peer_view.py); None until the first call's walk."""
         self._lock = threading.Lock()
         self._sent = threading.Event()
         """Set when no copy is in the pipeline (being serialised, waiting or being sent)."""
@@ -120,10 +126,10 @@ class PeerSnapshots:
         """Stage ``state`` now and send it to the partner's holder in the background; returns the seconds
         the caller was held. A failed send is logged and counted; training goes on (disk remains).
 
-        What holds the loop: staging what an optimizer does not own (device state into the reused host
-        buffers, buffers such as BatchNorm's, which a forward changes), and, at the next optimizer step, any
-        rest of the copy of the host tensors the optimizers own (_before_step). Cloning those, serialising
-        and hashing run on the stager thread; sending on the writer's."""
+        What holds the loop: copying the leaves at the plan's paths (peer_view.py: buffers such as BatchNorm's,
+        which a forward changes, device state into the reused host buffers), and, at the next optimizer step,
+        any rest of the copy of the host tensors the optimizers own (_before_step). Walking the state, copying
+        the optimizers' tensors, serialising and hashing run on the stager thread; sending on the writer's."""
         began = time.perf_counter()
         if not self._free.is_set():
             # The staging buffers are reused, so the previous copy must be serialised first; the loop never
@@ -132,47 +138,44 @@ class PeerSnapshots:
                 self.stats.skipped += 1
             log.warning("peer snapshot of step %d skipped: the previous copy is still being serialised", step)
             return time.perf_counter() - began
-        owned = self._owned()
-        deferred: set[int] = set()
-
-        def defer(t: torch.Tensor) -> bool:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr and ptr in owned:
-                deferred.add(id(t))
-                return True
-            return False
-
-        staged = self._staging.stage(state, defer=defer if owned else None)
+        early = self._early(state)
         self._free.clear()
         self._busy(+1)
-        if deferred:
-            self._viewed.clear()
-        self._stager.submit(self._serialise, staged, deferred, step)
+        self._viewed.clear()
+        self._stager.submit(self._serialise, state, early, step)
         held = time.perf_counter() - began
         with self._lock:
             self.stats.blocking_seconds += held
         return held
 
+    def _early(self, state: Any) -> dict[Path, Any]:
+        """The copies made at the call, by path: the leaves at the plan's paths; the first time, and whenever
+        the plan no longer fits the state, those the walk finds here."""
+        plan, leaves = self._plan, None
+        if plan is not None:
+            try:
+                leaves = [at(state, p) for p in plan]
+            except (LookupError, TypeError):
+                leaves = None
+        if leaves is None:
+            with self._lock:
+                optimizers = list(self._optimizers)
+            plan = walk(state, {}, owned_storages(optimizers)).plan
+            leaves = [at(state, p) for p in plan]
+        device = any(isinstance(t, torch.Tensor) and on_device(t) for t in leaves)
+        return dict(zip(plan, self._staging.stage(leaves) if device else copy_host(leaves), strict=True))
+
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         """Runs before every optimizer's step (torch's global pre-hook): remembers the optimizer, and waits for
         the copy of the tensors the step is about to change; the wait counts as blocking time."""
-        self._optimizers.add(optimizer)
+        if optimizer not in self._optimizers:
+            with self._lock:  # the stager lists them
+                self._optimizers.add(optimizer)
         if not self._viewed.is_set():
             began = time.perf_counter()
             self._viewed.wait()
             with self._lock:
                 self.stats.blocking_seconds += time.perf_counter() - began
-
-    def _owned(self) -> set[int]:
-        """Storages of the host tensors of the optimizers that stepped: their parameters and state."""
-        out: set[int] = set()
-        for opt in list(self._optimizers):
-            tensors = [p for g in opt.param_groups for p in g["params"]]
-            tensors += [v for st in opt.state.values() if isinstance(st, dict) for v in st.values()]
-            out.update(t.untyped_storage().data_ptr() for t in tensors
-                       if isinstance(t, torch.Tensor) and t.device.type == "cpu")
-        out.discard(0)
-        return out
 
     def _busy(self, delta: int) -> None:
         """Copies in the pipeline (being serialised, queued or being sent); ``_sent`` is set at none."""
@@ -183,14 +186,29 @@ class PeerSnapshots:
             else:
                 self._sent.set()
 
-    def _serialise(self, staged: Any, deferred: set[int], step: int) -> None:
-        """On the stager thread: clone what the optimizers own (then they may step), serialise, hash, and
-        hand the bytes to the writer's thread; the staging buffers are free again from then on."""
+    def _serialise(self, state: Any, early: dict[Path, Any], step: int) -> None:
+        """On the stager thread: walk the state, copy what the optimizers own (then they may step),
+        serialise, hash, and hand the bytes to the writer's thread; the staging buffers are free again from
+        then on. A copy that missed a leaf the call should have copied (the state's layout changed since
+        the plan was made) is dropped: it would not be the state of one step."""
         handed = False
         try:
-            if deferred:
-                staged = clone_deferred(staged, deferred)
+            with self._lock:
+                optimizers = list(self._optimizers)
+            view = walk(state, early, owned_storages(optimizers))
+            self._plan = view.plan
+            if view.missed:
                 self._viewed.set()
+                with self._lock:
+                    self.stats.skipped += 1
+                log.warning("peer snapshot of step %d skipped: %s changed layout since the previous snapshot and "
+                            "was not copied at the call; the next snapshot copies it", step,
+                            ", ".join("/".join(map(str, p)) or "the state" for p in view.missed[:3]))
+                return
+            copied = dict(zip(map(id, view.owned), self._owned_copy.stage(view.owned), strict=True))
+            staged = assemble(state, early, lambda t, by_id=copied: by_id[id(t)])
+            self._viewed.set()
+            del state, early, copied
             buf = io.BytesIO()
             torch.save(staged, buf)
             payload = buf.getvalue()
@@ -261,6 +279,7 @@ class PeerSnapshots:
         self._stager.shutdown(wait=True)
         self._hook.remove()
         self._staging.close()
+        self._owned_copy.close()
 
 
 def from_env(ctx_rank: int, world: int, local_world: int) -> PeerSnapshots | None:

@@ -37,11 +37,9 @@ class HostStaging:
         self.allocations = 0
         """How many times buffers were (re)allocated: once per new layout."""
 
-    def stage(self, state: Any, *, defer: Callable[[torch.Tensor], bool] | None = None) -> Any:
+    def stage(self, state: Any) -> Any:
         """A copy of ``state`` that training can no longer change: containers rebuilt, device tensors in
-        the reused host buffers, host tensors cloned, everything else deep-copied. Host tensors for which
-        ``defer`` answers True stay the caller's own (not cloned): the caller clones them before anything
-        may change them (peer.py, off the training loop's critical path)."""
+        the reused host buffers, host tensors cloned, everything else deep-copied."""
         device_tensors: dict[int, torch.Tensor] = {}
         _collect(state, self._needs_copy or on_device, device_tensors)
         sources = list(device_tensors.values())
@@ -52,10 +50,16 @@ class HostStaging:
             self.allocations += 1
         _copy_all(sources, self._buffers)
         memo: dict[int, Any] = {id(t): buf for t, buf in zip(sources, self._buffers, strict=True)}
-        return _rebuild(state, memo, defer)
+        return _rebuild(state, memo)
 
     def close(self) -> None:
         self._buffers, self._layout = [], None
+
+
+def copy_host(state: Any) -> Any:
+    """A copy of ``state`` that has no device tensor, as ``HostStaging.stage`` makes it, without looking
+    for device tensors first: what a peer snapshot copies at the call (a few leaves) costs microseconds."""
+    return _rebuild(state, {})
 
 
 def _collect(obj: Any, needs_copy: Callable[[torch.Tensor], bool], out: dict[int, torch.Tensor]) -> None:
@@ -92,6 +96,9 @@ def _copy_all(sources: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
     by_type = {t.device.type for t in sources}
     module = getattr(torch, next(iter(by_type)), None) if len(by_type) == 1 and "cpu" not in by_type else None
     stream_cls = getattr(module, "Stream", None)
+    if by_type == {"cpu"} and hasattr(torch, "_foreach_copy_"):  # torch >= 2.1: one call, not one per tensor
+        torch._foreach_copy_(buffers, [src.detach() for src in sources])
+        return
     if module is None or stream_cls is None or not hasattr(module, "current_stream"):
         for src, dst in zip(sources, buffers, strict=True):
             dst.copy_(src.detach())
@@ -106,48 +113,18 @@ def _copy_all(sources: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
     done.synchronize()
 
 
-def _rebuild(obj: Any, memo: dict[int, Any], defer: Callable[[torch.Tensor], bool] | None = None) -> Any:
+def _rebuild(obj: Any, memo: dict[int, Any]) -> Any:
     if isinstance(obj, torch.Tensor):
         if id(obj) not in memo:  # host tensors: a clone (0.3 ms, where staging is 160+ ms); others: to the host
-            if obj.device.type == "cpu" and defer is not None and defer(obj):
-                memo[id(obj)] = obj
-            else:
-                memo[id(obj)] = obj.detach().clone() if obj.device.type == "cpu" else \
-                    obj.detach().to("cpu", copy=True)
+            memo[id(obj)] = obj.detach().clone() if obj.device.type == "cpu" else obj.detach().to("cpu", copy=True)
         return memo[id(obj)]
     if isinstance(obj, dict):
         out = copy.copy(obj)  # keeps the class and attributes (a state_dict's _metadata)
         for k, v in obj.items():
-            out[k] = _rebuild(v, memo, defer)
+            out[k] = _rebuild(v, memo)
         return out
     if isinstance(obj, list):
-        return [_rebuild(v, memo, defer) for v in obj]
+        return [_rebuild(v, memo) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_rebuild(v, memo, defer) for v in obj)
+        return tuple(_rebuild(v, memo) for v in obj)
     return copy.deepcopy(obj)
-
-
-def clone_deferred(obj: Any, deferred: set[int]) -> Any:
-    """``obj`` (what ``stage`` returned) with each tensor whose id is in ``deferred`` replaced by its clone;
-    containers are rebuilt, everything else is kept (it is already the staged copy's own)."""
-    memo: dict[int, torch.Tensor] = {}
-
-    def walk(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            if id(o) in deferred:
-                if id(o) not in memo:  # aliases stay aliases
-                    memo[id(o)] = o.detach().clone()
-                return memo[id(o)]
-            return o
-        if isinstance(o, dict):
-            out = copy.copy(o)
-            for k, v in o.items():
-                out[k] = walk(v)
-            return out
-        if isinstance(o, list):
-            return [walk(v) for v in o]
-        if isinstance(o, tuple):
-            return tuple(walk(v) for v in o)
-        return o
-
-    return walk(obj)
