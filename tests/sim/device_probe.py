@@ -61,6 +61,12 @@ base = torch.npu.memory_allocated()
 big = torch.empty(1024, device="npu")
 view = big[10:]
 r["allocated_delta"] = torch.npu.memory_allocated() - base
+# The counters torchtitan's DeviceMemoryMonitor reads (torchtitan/components/metrics.py), under torch_npu's keys.
+stats = torch.npu.memory_stats()
+r["stats"] = {key: stats.get(key) for key in ("active_bytes.all.current", "allocated_bytes.all.current",
+                                              "num_alloc_retries", "num_ooms")}
+r["stats_peaks_cover_current"] = (stats["active_bytes.all.peak"] >= stats["active_bytes.all.current"]
+                                  and stats["reserved_bytes.all.peak"] >= stats["active_bytes.all.current"])
 del big, view
 r["freed_delta"] = torch.npu.memory_allocated() - base
 r["reserved_at_least_allocated"] = torch.npu.memory_reserved() >= torch.npu.memory_allocated()

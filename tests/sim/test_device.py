@@ -50,6 +50,10 @@ def test_memory_counts_real_bytes_once_per_storage(probe):
     assert probe["allocated_delta"] == 1024 * 4
     assert probe["freed_delta"] == 0
     assert probe["reserved_at_least_allocated"]
+    stats = probe["stats"]
+    assert stats["active_bytes.all.current"] == stats["allocated_bytes.all.current"] >= 1024 * 4
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (0, 0)
+    assert probe["stats_peaks_cover_current"]
 
 
 @pytest.mark.subprocess

@@ -197,9 +197,15 @@ class SimDeviceModule(types.ModuleType):
                 f"{self.memory_reserved(device)} bytes reserved (peak)")
 
     def memory_stats(self, device: Any = None) -> dict[str, int]:
+        """The caching allocator's flat counters under torch_npu's keys (torch_npu/npu/memory.py memory_stats, the
+        same names as torch.cuda's): torchtitan's DeviceMemoryMonitor reads active_bytes.all.peak,
+        reserved_bytes.all.peak, num_alloc_retries and num_ooms. Every byte allocated is active (nothing is
+        cached), and host memory neither retries nor runs out as a chip's does."""
         allocated, reserved = self.memory_allocated(device), self.memory_reserved(device)
-        return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": reserved,
-                "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved}
+        return {"active_bytes.all.current": allocated, "active_bytes.all.peak": reserved,
+                "allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": reserved,
+                "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved,
+                "num_alloc_retries": 0, "num_ooms": 0}
 
     def seed(self) -> None:
         SIM.rng.manual_seed(torch.randint(0, 2**63 - 1, ()).item())
