@@ -266,6 +266,7 @@ def test_rank_0_behind_is_judged_by_its_own_reader_without_a_store_probe(store, 
     _one_behind(ranks, 0, "broadcast")
     ranks[0].done(ranks[0].record.seq)  # it left call 1 too, and is late for call 2 (not inside a passed call)
     ranks[0]._publish()
+    client.calls.clear()  # the ranks' start-up publishing (their timeouts' arrival count is an add) is no probe
     reader._judge(reader.read(), 12.0, "")
     verdict = reader.verdict
     assert verdict.culprits == (0,) and verdict.culprit_ranks[0].alive is True
@@ -358,8 +359,9 @@ def _standby_job(store, monkeypatch, world: int = 4):
 
 def test_a_progressing_job_costs_the_standby_nothing_and_a_live_reader_keeps_the_verdict(store, monkeypatch):
     ranks, clients, clock, stopped, reader, standby = _standby_job(store, monkeypatch)
-    # Its own record once a step, and once where it runs (host, pid): no standby traffic.
-    assert clients[1].calls == {"set": 3 + 1}
+    # Its own record once a step, once where it runs (host, pid) and once its timeouts (a set and the arrival
+    # count's add, comm/hang/agree.py): no standby traffic.
+    assert clients[1].calls == {"set": 3 + 1 + 1, "add": 1}
     stopped.add(3)
     for wd in ranks[:3]:
         wd.enter("all_reduce", 64)
