@@ -71,6 +71,19 @@ del big, view
 r["freed_delta"] = torch.npu.memory_allocated() - base
 r["reserved_at_least_allocated"] = torch.npu.memory_reserved() >= torch.npu.memory_allocated()
 
+# A stream has torch.Stream's fields; FSDP2 on torch >= 2.15 hands them to torch.ops.fsdp.record_grad_output_stream
+# after every gradient reduction (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+first, second = torch.npu.Stream(), torch.npu.Stream()
+r["stream_fields"] = [first.device_index, first.device_type == int(torch._C._autograd.DeviceType.PrivateUse1.value),
+                      first.stream_id != second.stream_id]
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import record_grad_output_stream
+except ImportError:  # torch < 2.15
+    r["fsdp_records_the_stream"] = "absent"
+else:
+    record_grad_output_stream(torch.ones(4, device="npu"), torch.npu.current_stream())
+    r["fsdp_records_the_stream"] = "ran"
+
 # The host's chips, as a process without ASCEND_RT_VISIBLE_DEVICES sees them.
 r["device_count"] = torch.npu.device_count()
 for index in (1, 8):

@@ -57,6 +57,13 @@ def test_memory_counts_real_bytes_once_per_storage(probe):
 
 
 @pytest.mark.subprocess
+def test_streams_carry_the_fields_fsdp2_records(probe):
+    assert probe["stream_fields"] == [0, True, True]
+    # where torch has the op (2.15), the probe called it with a simulated stream; it would have raised without them
+    assert probe["fsdp_records_the_stream"] in ("ran", "absent")
+
+
+@pytest.mark.subprocess
 def test_a_process_sees_every_chip_of_the_host(probe):
     assert probe["device_count"] == 8  # no ASCEND_RT_VISIBLE_DEVICES: the 8 chips of the simulated host
     assert probe["set_device_1"] is None

@@ -3,6 +3,7 @@ every event has completed; ``elapsed_time`` measures host time between two recor
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -11,14 +12,26 @@ import torch
 from npudist.sim.chips import SimDeviceError, check_index, device_index
 from npudist.sim.tensor import DEVICE_TYPE
 
+_STREAM_IDS = itertools.count()
+_PRIVATEUSE1 = int(torch._C._autograd.DeviceType.PrivateUse1.value)
+"""c10's DeviceType number of the slot ``npu`` occupies: what ``device_type`` of a stream on it is."""
+
 
 class Stream:
-    """A stream on the simulated NPU: work runs when issued, so every stream is always done."""
+    """A stream on the simulated NPU: work runs when issued, so every stream is always done.
+
+    It carries the fields of torch_npu's stream (``torch_npu.npu.Stream``, on ``_NPUStreamBase``, as
+    ``torch.cuda.Stream``: ``stream_id``, ``device_index``, ``device_type``): FSDP2 on torch >= 2.15 hands them to
+    ``torch.ops.fsdp.record_grad_output_stream`` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+    """
 
     def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
         check_index(device_index(device))
         self.device = torch.device(DEVICE_TYPE, 0)  # every simulated tensor's device (module docstring)
         self.priority = priority
+        self.stream_id = next(_STREAM_IDS)
+        self.device_index = self.device.index
+        self.device_type = _PRIVATEUSE1
 
     def synchronize(self) -> None:
         return None
