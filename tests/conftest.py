@@ -110,9 +110,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> int:
 
 
 def run_ranks(script: str, args: list[str], *, world: int = 2, env: dict[str, str] | None = None,
-              pythonpath: list[Path] | None = None, timeout: float = 180) -> None:
+              pythonpath: list[Path] | None = None, timeout: float = 180) -> list[str]:
     """Start ``world`` ranks of ``script`` with torchrun's variables on a free port; fail with a rank's
-    output when one exits non-zero."""
+    output when one exits non-zero, else return each rank's output (stdout and stderr together)."""
     port = str(free_port())
     procs = [subprocess.Popen(
         [sys.executable, script, *args], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -129,6 +129,7 @@ def run_ranks(script: str, args: list[str], *, world: int = 2, env: dict[str, st
                 p.wait()
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
+    return logs
 
 
 @pytest.fixture

@@ -117,29 +117,10 @@ def test_every_row_is_compared(var):
 
 def _job(rank1_value: str) -> str:
     """Rank 0's output of a 2-rank gloo job where both ranks set HCCL_EXEC_TIMEOUT=1800 and rank 1 may override."""
-    import subprocess
-    import sys
+    from tests.conftest import run_ranks
 
-    from tests.conftest import REPO, child_env, free_port
-
-    port = str(free_port())
-    procs = [subprocess.Popen(
-        [sys.executable, "tests/comm/rank_timeouts.py", rank1_value], cwd=REPO, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=child_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "HCCL_EXEC_TIMEOUT": "1800",
-                       "NPUDIST_PG_WATCH": "off"}))
-        for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=90)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
-    return logs[0]
+    return run_ranks("tests/comm/rank_timeouts.py", [rank1_value], timeout=90,
+                     env={"HCCL_EXEC_TIMEOUT": "1800", "NPUDIST_PG_WATCH": "off"})[0]
 
 
 @pytest.mark.slow
