@@ -8,11 +8,11 @@ forward-time ones, ddp.py) are numbered here instead (enter/done: attribute writ
 
 Store traffic is the daemon thread's alone, once per ``PUBLISH_INTERVAL_S``: the record when it changed (one
 ``set``), the job's control counter (one ``add``: a probe to answer with two looks at the main thread, or the
-order to exit with HANG_EXIT_CODE), and on rank 0 the job's one hang reader (reader.py: one ``multi_get``).
-So a rank makes at most 2 store requests a second, and the job's diagnosis O(N), through the store client
-the process group already holds. Keys and reads: store.py; a failed collective's error: failure.py; the
-exit: abort_note.py. The CommState owns the one Watchdog of a process and closes it with the Runtime (the
-thread must be joined before the process group goes).
+order to exit with HANG_EXIT_CODE), and on rank 0 the job's one hang reader (reader.py: one ``multi_get``) and,
+once, the ranks' timeouts compared (agree.py). So a rank makes at most 2 store requests a second, and the job's
+diagnosis O(N), through the store client the process group already holds. Keys and reads: store.py; a failed
+collective's error: failure.py; the exit: abort_note.py. The CommState owns the one Watchdog of a process and
+closes it with the Runtime (the thread must be joined before the process group goes).
 """
 
 from __future__ import annotations
@@ -71,13 +71,10 @@ STANDBY_RANK = 1
 VERDICT_WAIT_S = 6.0
 """How long a failing rank other than 0 waits for rank 0's verdict before judging from the records."""
 CUT_OFF_S = 10.0
-"""A rank inside a collective whose every store call has failed for this long (or the hang bound, when set)
-is cut off from its job: its node was partitioned and the job went on without it (elastic), or the job is
-gone. It exits, so that torchrun's agent on its node rejoins the job (a new rendezvous round) instead of
-leaving it blocked until the collective timeout. Store calls may block while a cable is out; they fail
-once the route is back and the store they knew is found gone, so at the latest this fires then."""
-
-
+"""A rank inside a collective whose every store call has failed for this long (or the hang bound, when set) is
+cut off from its job (its node partitioned and the job went on elastically, or the job is gone): it exits, so
+torchrun's agent on its node rejoins the job (a new rendezvous round) instead of leaving it blocked until the
+collective timeout. Store calls may block while a cable is out and fail once the route is back: this fires then."""
 
 
 class Watchdog:
@@ -102,8 +99,7 @@ class Watchdog:
         """Rank 0's HangReader (hang_reader.py), started with the thread; None elsewhere."""
         self.standby: Any = None
         """Rank 1's stand-in for rank 0's reader (hang_reader.py); None elsewhere."""
-        self.agree: agree.TimeoutsCheck | None = None
-        """Rank 0's one comparison of the ranks' timeouts (agree.py), until it is done; None elsewhere."""
+        self.agree: agree.TimeoutsCheck | None = None  # rank 0's timeouts comparison (agree.py) until done
         self.reader_factory = reader_factory
         """Builds the reader from (this watchdog, world size, standby=...); the CommState passes HangReader."""
         self._off = not enabled
@@ -173,12 +169,8 @@ class Watchdog:
     # and the publisher is only signalled when it is not already due to publish.
     def enter(self, op: str, nbytes: int) -> int:
         rec = self.record
-        if rec is None:
-            if self._off:
-                return 0
-            rec = self._ensure()
-            if rec is None:
-                return 0
+        if rec is None and (self._off or (rec := self._ensure()) is None):
+            return 0
         if self.native:
             self._label = op  # npudist's name for the call the watch numbers ("control all_reduce", "ddp_forward")
             return NATIVE
@@ -219,8 +211,7 @@ class Watchdog:
                 if not where.master_addr or not where.master_port.isdigit():
                     return None
                 self._store = dist.TCPStore(where.master_addr, int(where.master_port), is_master=False,
-                                            timeout=timedelta(seconds=10),
-                                            wait_for_workers=False)
+                                            timeout=timedelta(seconds=10), wait_for_workers=False)
         return self._store
 
     def refresh(self) -> None:
