@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 import torch.nn as nn
@@ -101,7 +100,7 @@ def global_batch(seed: int, step: int, n: int, seq_len: int, vocab: int) -> torc
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, step: int,
                ctx: npudist.DistContext,
-               data_wait: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
+               data_wait: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
     """One optimizer step on this rank's share of the step's global batch; returns the loss. Building the
     batch runs under ``data_wait`` (the step timer's), so a rank slowed by its data is named as such."""
     per_rank = args.global_batch_size // ctx.world_size

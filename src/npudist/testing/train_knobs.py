@@ -80,7 +80,8 @@ def step_average(args: argparse.Namespace, step: int, rank: int, device: torch.d
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The testing flags, on the example's parser."""
     p.add_argument("--slow-rank", type=int, default=-1,
-                   help="testing: this rank sleeps --slow-ms per step, plus (--slow-factor - 1) x its step time")
+                   help="testing: this rank sleeps --slow-ms per step, plus (--slow-factor - 1) x its step time "
+                   "(from its forward to the end of its optimizer step)")
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--fault", choices=FAULTS, default=None,
                    help="testing hang diagnosis: --fault-rank misbehaves at --fault-step (sigstop, sigkill: "
