@@ -42,6 +42,17 @@ def main() -> None:
     mesh = init_device_mesh(dev.type, (world,))
     r["mesh_group"] = [mesh.get_group().group_name, dist.group.WORLD.group_name]
     r["cpu_tensor"] = refusal(lambda: dist.all_reduce(torch.ones(4)))
+    # A wait on a view of a functional all-gather's output waits the collective, as where the view shares the
+    # output's storage (FSDP2 waits such views): torch's work registry holds it until then, as on gloo. The default
+    # row only: the strict one refuses the output torch allocates, which is not 128-byte aligned.
+    if SIM.row == "hccl":
+        from torch._C._distributed_c10d import _get_work_registry_size
+
+        gathered = torch.ops._c10d_functional.all_gather_into_tensor(torch.ones(128, device=dev), world,
+                                                                     dist.group.WORLD.group_name)
+        registered = _get_work_registry_size()
+        torch.ops._c10d_functional.wait_tensor(gathered.view(world, 128)[0])
+        r["funcol_view_wait"] = [registered, _get_work_registry_size()]
     t = aligned_empty(128, torch.float32, dev, 128).fill_(float(rank + 1))  # meets even the strict row
     dist.all_reduce(t)
     r["raw_sum_ok"] = bool((t.cpu() == sum(range(1, world + 1))).all())

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from npudist.sim import guard
+from npudist.sim import funcol, guard
 from npudist.sim.batch_norm import KERNELS as HOST_KERNELS
 from npudist.sim.rng import seeded
 from npudist.sim.state import SIM
@@ -93,8 +93,9 @@ class SimTensor(torch.Tensor):
         if func.namespace in _COLLECTIVE_NAMESPACES:
             # torch's functional collectives (DTensor, tensor parallel): their kernel hands the tensors to the
             # group named in the call, the simulated hccl, which needs them as device tensors; unwrapped, they
-            # would reach it as host tensors and be refused as HCCL refuses them.
-            return func.redispatch(_keys("PrivateUse1"), *args, **kwargs)
+            # would reach it as host tensors and be refused as HCCL refuses them. A wait reaches the output whose
+            # view it is given (funcol.py).
+            return funcol.run(func, _keys("PrivateUse1"), args, kwargs)
         index = _chip(func, args, kwargs)
         host_kernel = HOST_KERNELS.get(func)
         if host_kernel is not None:  # an op torch has no CPU kernel for (batch_norm.py)
