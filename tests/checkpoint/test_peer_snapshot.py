@@ -214,13 +214,13 @@ def test_the_step_waits_only_for_a_consistent_view_of_what_the_optimizer_changes
         model(torch.randn(16, 8)).square().mean().backward()
         opt.step()
 
-    slow = peer_mod.assemble
+    slow = peer_mod.pack
 
-    def slow_copy(state, early, copies):
+    def slow_copy(*args):
         time.sleep(0.5)
-        return slow(state, early, copies)
+        return slow(*args)
 
-    monkeypatch.setattr(peer_mod, "assemble", slow_copy)
+    monkeypatch.setattr(peer_mod, "pack", slow_copy)
     with serving("127.0.0.1", secret=SECRET) as server:
         p = _sender(server.address)
         train_step()  # the optimizer steps once before the first snapshot: the sender knows it from then on

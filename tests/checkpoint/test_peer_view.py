@@ -11,6 +11,7 @@ import torch
 import npudist
 from npudist.checkpoint import peer as peer_mod
 from npudist.checkpoint.peer_holder import serving
+from npudist.checkpoint.peer_pack import FlatCopy, pack, unpack
 from npudist.checkpoint.peer_view import assemble, at, owned_storages, walk
 from npudist.checkpoint.writer import writer
 
@@ -56,7 +57,7 @@ def test_assemble_puts_the_copies_in_place_and_keeps_the_layout():
     view = walk(state, {}, owned_storages([opt]))
     early = {p: torch.full((1,), 7.0) for p in view.plan}
     copies = {id(t): t.detach().clone() for t in view.owned}
-    out = assemble(state, early, lambda t: copies[id(t)])
+    out = assemble(state, early, lambda t, path: copies[id(t)])
     assert out["model"]._metadata == state["model"]._metadata  # load_state_dict reads it
     assert torch.equal(out["rng"], torch.full((1,), 7.0))
     assert out["notes"] == ["kept", 1.5] and out["notes"] is not state["notes"]
@@ -64,6 +65,29 @@ def test_assemble_puts_the_copies_in_place_and_keeps_the_layout():
     assert torch.equal(w, model[0].weight) and w.untyped_storage().data_ptr() != \
         model[0].weight.untyped_storage().data_ptr()
     assert at(out, ("optim", "param_groups", 0, "lr")) == 0.1
+
+
+def test_a_packed_copy_unpacks_to_the_state_with_each_tensor_its_own():
+    model, opt, _ = _trained()
+    state = {**_state(model, opt, 3), "pair": (model[0].bias, 2), "half": torch.arange(4).to(torch.bfloat16)}
+    storages = owned_storages([opt]) | {state["half"].untyped_storage().data_ptr()}
+    view = walk(state, {}, storages)
+    early = {p: at(state, p).clone() if isinstance(at(state, p), torch.Tensor) else at(state, p) for p in view.plan}
+    flat = FlatCopy()
+    buf = io.BytesIO()
+    torch.save(pack(state, early, view.owned, flat), buf)
+    assert len(flat.buffers) == 2  # float32 (parameters, AdamW state and step counters) and bfloat16
+    back = unpack(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    assert torch.equal(back["pair"][0], model[0].bias) and back["pair"][1] == 2
+    assert back["half"].dtype == torch.bfloat16 and torch.equal(back["half"], state["half"])
+    for k, v in state["model"].items():
+        assert torch.equal(back["model"][k], v), k
+    exp_avg = back["optim"]["state"][0]["exp_avg"]
+    assert torch.equal(exp_avg, opt.state[model[0].weight]["exp_avg"])
+    assert exp_avg.untyped_storage().nbytes() == exp_avg.nbytes  # its own copy, not a view of the flat buffer
+    model.load_state_dict(back["model"])
+    opt.load_state_dict(back["optim"])
+    assert unpack({"w": 1}) == {"w": 1}  # a copy saved before this format loads as it is
 
 
 @pytest.fixture
@@ -77,7 +101,7 @@ def sender():
 
 def _held(server, step):
     copy = server.holder.get(0, 1, step)
-    return torch.load(io.BytesIO(copy.payload), weights_only=True)
+    return unpack(torch.load(io.BytesIO(copy.payload), weights_only=True))
 
 
 def test_copies_in_reused_buffers_keep_the_values_of_their_own_step(sender, monkeypatch):

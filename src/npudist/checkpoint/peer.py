@@ -4,7 +4,7 @@ Every K steps a rank takes a consistent view of its state (peer_view.py): what a
 may change is copied at the call (device state the way the async checkpoint's HostStaging copies it); the
 host tensors an optimizer owns are copied on a stager thread into buffers reused from one snapshot to the
 next, and every optimizer's next step waits for that copy (the step waits for a consistent view, not for
-the send). The stager serialises and hashes the copy, and the checkpoint writer's thread
+the send). The stager serialises (peer_pack.py) and hashes the copy, and the checkpoint writer's thread
 sends it to the holder of its partner's node (peer_holder.py) and to its own node's. The partner is
 ``(rank + local_world_size) % world``: a rank of the next node, so one lost node never takes both a
 rank and its copy; on a single node it is the rank itself and the copy sits in this node's holder,
@@ -35,7 +35,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from npudist.checkpoint import peer_auth
 from npudist.checkpoint.peer_holder import KEEP, request
-from npudist.checkpoint.peer_view import Path, assemble, at, owned_storages, walk
+from npudist.checkpoint.peer_pack import FlatCopy, pack, unpack
+from npudist.checkpoint.peer_view import Path, at, owned_storages, walk
 from npudist.checkpoint.staging import HostStaging, copy_host, on_device
 from npudist.checkpoint.store import list_checkpoints, load_latest
 from npudist.checkpoint.writer import CheckpointError, writer
@@ -89,7 +90,7 @@ class PeerSnapshots:
         self.rank, self.world, self.partner = rank, world, partner
         self.stats = PeerStats()
         self._staging = HostStaging()
-        self._owned_copy = HostStaging(needs_copy=lambda t: True)
+        self._owned_copy = FlatCopy()
         """The optimizers' tensors, copied on the stager thread into buffers reused while the layout holds."""
         self._plan: tuple[Path, ...] | None = None
         """Paths of the leaves the next call copies (peer_view.py); None until the first call's walk."""
@@ -205,14 +206,13 @@ class PeerSnapshots:
                             "was not copied at the call; the next snapshot copies it", step,
                             ", ".join("/".join(map(str, p)) or "the state" for p in view.missed[:3]))
                 return
-            copied = dict(zip(map(id, view.owned), self._owned_copy.stage(view.owned), strict=True))
-            staged = assemble(state, early, lambda t, by_id=copied: by_id[id(t)])
+            packed = pack(state, early, view.owned, self._owned_copy)
             self._viewed.set()
-            del state, early, copied
+            del state, early
             buf = io.BytesIO()
-            torch.save(staged, buf)
+            torch.save(packed, buf)
             payload = buf.getvalue()
-            del staged
+            del packed
             self._free.set()
             handed = self._queue(step, hashlib.sha256(payload).hexdigest(), payload)
         except Exception as exc:  # a lost copy costs recovery time, never the healthy job
@@ -382,7 +382,7 @@ def _fetch(where: tuple[str, str, int] | None, owner: int, step: int, secret: by
     if actual != listed:
         return None, f"checksum mismatch: sha256 {actual[:12]} != recorded {listed[:12]} (holder {address})"
     try:
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True), ""
+        return unpack(torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)), ""
     except Exception as exc:
         return None, f"verified but did not load ({type(exc).__name__}: {exc})"
 

@@ -91,15 +91,15 @@ def walk(state: Any, early: dict[Path, Any], storages: set[int]) -> Walk:
     return Walk(list(owned.values()), tuple(plan), tuple(missed))
 
 
-def assemble(state: Any, early: dict[Path, Any], copies: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def assemble(state: Any, early: dict[Path, Any], copies: Callable[[torch.Tensor, Path], Any]) -> Any:
     """``state`` with containers rebuilt, the copies made at the call at their paths, each optimizer-owned
-    tensor replaced by ``copies(tensor)``, and the atomic leaves kept."""
+    tensor replaced by ``copies(tensor, path)``, and the atomic leaves kept."""
 
     def build(obj: Any, path: Path) -> Any:
         if path in early:
             return early[path]
         if isinstance(obj, torch.Tensor):
-            return copies(obj)
+            return copies(obj, path)
         if isinstance(obj, dict):
             out = copy.copy(obj)  # keeps the class and attributes (a state_dict's _metadata)
             for k, v in obj.items():
