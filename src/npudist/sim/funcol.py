@@ -12,14 +12,11 @@ wait on any simulated tensor of that storage waits the output itself too, as the
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 
-_outputs: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-"""Host storage address -> the functional collective's output wrapper registered with its Work (weak: an output
-that dies unwaited takes its entry with it)."""
+from npudist.sim.state import SIM
 
 
 def _host_storage(tensor: Any) -> int:
@@ -35,12 +32,12 @@ def run(func: torch._ops.OpOverload, keys: torch._C.DispatchKeySet, args: tuple,
     if func.namespace != "_c10d_functional":
         return out
     if func.__name__ == "wait_tensor.default":  # named, not imported: older torch has no such op at import
-        base = _outputs.pop(_host_storage(args[0]), None)
+        base = SIM.funcol_outputs.pop(_host_storage(args[0]), None)
         if base is not None and base is not args[0]:
             func.redispatch(keys, base)
     elif not func.__name__.startswith("_wrap_tensor_autograd"):  # that one hands back a tensor it was given
         for tensor in out if isinstance(out, list | tuple) else (out,):
             key = _host_storage(tensor)
             if key:
-                _outputs[key] = tensor
+                SIM.funcol_outputs[key] = tensor
     return out

@@ -7,9 +7,10 @@ and the collectives run are kept beside them rather than in the Runtime.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,12 @@ class SimState:
     """The torch.library registration of the allocation kernels (kept alive here)."""
     autocast_fallthrough: Any = None
     """The ``_`` library letting unlisted ops pass autocast (sim/autocast.py; kept alive here)."""
+    stream_ids: Iterator[int] = field(default_factory=itertools.count)
+    """Numbers for the simulated streams' ``stream_id`` (sim/streams.py), unique in the process as a chip's are."""
+    funcol_outputs: weakref.WeakValueDictionary[int, torch.Tensor] = field(
+        default_factory=weakref.WeakValueDictionary)
+    """Host storage address -> a functional collective's output registered with its Work (sim/funcol.py; weak: an
+    output that dies unwaited takes its entry with it)."""
     transferred: bool = False
     """transfer_to_npu's patches are applied (sim/transfer.py): they patch torch once per process."""
     autoload_failure: str | None = None

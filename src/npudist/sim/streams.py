@@ -3,16 +3,15 @@ every event has completed; ``elapsed_time`` measures host time between two recor
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
 import torch
 
 from npudist.sim.chips import SimDeviceError, check_index, device_index
+from npudist.sim.state import SIM
 from npudist.sim.tensor import DEVICE_TYPE
 
-_STREAM_IDS = itertools.count()
 _PRIVATEUSE1 = int(torch._C._autograd.DeviceType.PrivateUse1.value)
 """c10's DeviceType number of the slot ``npu`` occupies: what ``device_type`` of a stream on it is."""
 
@@ -29,7 +28,7 @@ class Stream:
         check_index(device_index(device))
         self.device = torch.device(DEVICE_TYPE, 0)  # every simulated tensor's device (module docstring)
         self.priority = priority
-        self.stream_id = next(_STREAM_IDS)
+        self.stream_id = next(SIM.stream_ids)
         self.device_index = self.device.index
         self.device_type = _PRIVATEUSE1
 
