@@ -20,7 +20,6 @@ job's secret NPUDIST_PEER_SECRET (peer_auth.py), which signs every request to a 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import queue
@@ -35,7 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from npudist.checkpoint import peer_auth
 from npudist.checkpoint.peer_holder import KEEP, request
-from npudist.checkpoint.peer_pack import FlatCopy, pack, unpack
+from npudist.checkpoint.peer_pack import FlatCopy, pack, to_bytes, unpack
 from npudist.checkpoint.peer_view import Path, at, owned_storages, walk
 from npudist.checkpoint.staging import HostStaging, copy_host, on_device
 from npudist.checkpoint.store import list_checkpoints, load_latest
@@ -216,9 +215,7 @@ class PeerSnapshots:
             packed = pack(state, early, view.owned, self._owned_copy)
             self._viewed.set()
             del state, early
-            buf = io.BytesIO()
-            torch.save(packed, buf)
-            payload = buf.getvalue()
+            payload = to_bytes(packed)
             del packed
             self._free.set()
             handed = self._queue(step, hashlib.sha256(payload).hexdigest(), payload)
@@ -390,7 +387,7 @@ def _fetch(where: tuple[str, str, int] | None, owner: int, step: int, secret: by
     if actual != listed:
         return None, f"checksum mismatch: sha256 {actual[:12]} != recorded {listed[:12]} (holder {address})"
     try:
-        return unpack(torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)), ""
+        return unpack(payload), ""
     except Exception as exc:
         return None, f"verified but did not load ({type(exc).__name__}: {exc})"
 
