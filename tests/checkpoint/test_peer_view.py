@@ -3,6 +3,7 @@ copied on the stager into buffers reused from one snapshot to the next, and a co
 state's layout changed under the plan (peer_view.py, issue 46)."""
 
 import io
+import json
 import time
 
 import pytest
@@ -14,6 +15,8 @@ from npudist.checkpoint.peer_holder import serving
 from npudist.checkpoint.peer_pack import FlatCopy, pack, to_bytes, unpack
 from npudist.checkpoint.peer_view import assemble, at, owned_storages, walk
 from npudist.checkpoint.writer import writer
+from npudist.runtime import compat
+from tests.conftest import run_py
 
 SECRET = bytes.fromhex("7a" * 32)
 
@@ -150,3 +153,50 @@ def test_a_leaf_outside_the_plan_drops_that_copy_and_the_next_one_copies_it(send
     p.snapshot(state, 4)
     assert p._sent.wait(30)
     assert "rng" not in _held(server, 4) and p.stats.skipped == 1 and p.stats.failures == 0
+
+
+_SIM_SCRIPT = r"""
+import json, sys, tempfile
+import torch
+from npudist.sim import install
+install("npu")
+import npudist
+from npudist.checkpoint import peer as peer_mod
+from npudist.checkpoint.peer_holder import serving
+from npudist.checkpoint.writer import writer
+SECRET = b"k" * 32
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).to("npu")
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+def step():
+    opt.zero_grad()
+    model(torch.randn(8, 4, device="npu")).square().mean().backward()
+    opt.step()
+step()
+with serving("127.0.0.1", secret=SECRET) as server, tempfile.TemporaryDirectory() as root:
+    p = peer_mod.PeerSnapshots(1, server.address, server.address, rank=0, world=1, partner=0, secret=SECRET)
+    writer().peer = p
+    for s in (1, 2, 3):
+        expected = model[0].weight.detach().cpu().clone()
+        p.snapshot({"model": model.state_dict(), "optim": opt.state_dict(), "step": s}, s)
+        step()
+        assert p._sent.wait(30)
+    found = peer_mod.restore(root, p)
+    out = {"step": found.step, "equal": torch.equal(found.state["model"]["0.weight"], expected),
+           "device": str(found.state["model"]["0.weight"].device), "allocations": p._staging.allocations,
+           "skipped": p.stats.skipped, "failures": p.stats.failures}
+npudist.shutdown()
+sys.stdout.write("RESULT " + json.dumps(out) + "\n")
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(not compat.simulation_available(), reason="the simulated NPU needs torch >= 2.10")
+def test_device_state_is_copied_at_the_call_into_reused_host_buffers(tmp_path):
+    """On a (simulated) NPU no tensor is the optimizers' host tensor: the plan names them all and the call
+    copies them into HostStaging's reused buffers; each copy still holds its own step's values."""
+    script = tmp_path / "peer_sim.py"
+    script.write_text(_SIM_SCRIPT)
+    proc = run_py([str(script)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).split(" ", 1)[1])
+    assert result == {"step": 3, "equal": True, "device": "cpu", "allocations": 1, "skipped": 0, "failures": 0}
