@@ -270,11 +270,12 @@ def test_a_partitioned_node_heals_into_the_one_job_and_the_checkpoints_stay_whol
 
 
 def test_a_killed_node_costs_at_most_one_step_with_in_memory_snapshots(tmp_path):
-    """--peer-snapshots 1 on 2 nodes x 2 ranks, checkpoints every 5 steps, node1 killed after step 12 (disk
-    then holds step 10): node0 goes on alone at world 2 from its own node's copy of rank 0's state (what a
-    disk resume would load on every rank), at most one step back, instead of from the checkpoint."""
-    t = run_trial("kill_node", TRAIN, env=_env(), prometheus=False, keep=str(tmp_path), warm_steps=12,
-                  peer_snapshots=1, observe_s=150)
+    """--peer-snapshots 1 on 2 nodes x 2 ranks, checkpoints every 25 steps, node1 killed after step 30 (disk
+    then holds step 25 until step 50: the kill lands a few steps after the harness sees step 30, more when steps
+    are fast): node0 goes on alone at world 2 from its own node's copy of rank 0's state (what a disk resume
+    would load on every rank), at most one step back, instead of from the older checkpoint."""
+    t = run_trial("kill_node", TRAIN, env=_env(), prometheus=False, keep=str(tmp_path), warm_steps=30,
+                  checkpoint_every=25, peer_snapshots=1, observe_s=150)
     log = (tmp_path / "node0.log").read_text()
     assert t.source == "local-memory", (t, log[-3000:])
     assert t.world_after == 2 and t.steps_lost is not None and 0 <= t.steps_lost <= 1, t

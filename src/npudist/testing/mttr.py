@@ -127,12 +127,14 @@ def _blamed(report: Path) -> tuple[list[int], str]:
 
 def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_steps: int = 10,
               observe_s: float = 120.0, env: dict[str, str] | None = None, keep: str | None = None,
-              prometheus: bool = True, subnet: str | None = None, peer_snapshots: int = 0) -> Trial:
+              prometheus: bool = True, subnet: str | None = None, peer_snapshots: int = 0,
+              checkpoint_every: int = 5) -> Trial:
     """Start the job, apply ``fault`` to the last node (its last rank for stop_rank/slow_rank) after
     ``warm_steps`` steps, watch node 0 for ``observe_s``; with ``prometheus`` a real Prometheus scrapes every
     node (npudist.testing.cluster_monitor) and the whole window is watched for alerts, else the trial ends at
     the first step after the restart. ``peer_snapshots`` K > 0 adds ``--peer-snapshots K`` with each node's
-    holder on its own address, so a restart may resume from another node's memory."""
+    holder on its own address, so a restart may resume from another node's memory. ``checkpoint_every``: steps
+    between the job's disk checkpoints."""
     if fault not in FAULTS:
         raise ValueError(f"fault {fault!r}: choose one of {', '.join(FAULTS)}")
     run = Path(keep or tempfile.mkdtemp(prefix="npudist-mttr-"))
@@ -144,7 +146,7 @@ def run_trial(fault: str, script: str, *, nodes: int = 2, nproc: int = 2, warm_s
     last = nodes * nproc - 1
     # 48 sequences divide over every world an elastic 4-node job can shrink to (4, 3, 2, 1 ranks).
     job = [script, "--global-batch-size", "48", "--steps", "100000", "--log-every", "1", "--run-dir", str(run),
-           "--checkpoint-every", "5",
+           "--checkpoint-every", str(checkpoint_every),
            "--sync-checkpoints", "--exchange-every", "5", "--straggler-diagnosis", "3"]
     if fault == "slow_rank":
         job += ["--slow-rank", str(last), "--slow-factor", str(SLOW_FACTOR), "--slow-when", str(run / "slow-now")]
