@@ -2,10 +2,9 @@
 
 Every simulated tensor is a Python object, so an autograd device thread that drops the last reference to one
 after the main thread started to finalize aborts the process (``terminate called without an active
-exception``: npudist/sim/__init__.py, comm/quiesce.py). CI's torch 2.15 leg saw it once on
-tests/sim/test_ops.py's one-backward script; looped here it aborted 3 times in about 110 runs before the wait.
-The race itself is too rare to assert on in a test, so this asserts the wait is in place for a script that
-never calls ``npudist.init()`` and that it ran after the script's last line.
+exception``: npudist/sim/__init__.py, comm/quiesce.py). The race is too rare to assert on in a test, so
+this asserts the wait is in place for a script that never calls ``npudist.init()`` and that it runs after the
+script's last line.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ A functional collective (``torch.ops._c10d_functional``, torch/csrc/distributed/
 output with its Work in the process's work registry, keyed by the output's storage, and ``wait_tensor`` finds the
 Work by the storage of the tensor it is given: on a device, a view of the output shares that storage, so waiting the
 view waits the collective (FSDP2 waits the views of an all-gather's output). A simulated tensor is a wrapper whose
-storage is its own, not its host tensor's, so the view's wait found nothing and the Work kept the output alive for
-the life of the process: torchtitan's llama3 debug model leaked 28 all-gather outputs (17.5 MB) a step, and torch
-warned of as many "unwaited collective calls" at exit. Here each output is remembered by its host storage, and a
-wait on any simulated tensor of that storage waits the output itself too, as the shared storage does on a chip.
+storage is its own, not its host tensor's, so a view's wait would find nothing and the Work would keep the output
+alive for the life of the process. Here each output is remembered by its host storage, and a wait on any simulated
+tensor of that storage waits the output itself too, as the shared storage does on a chip.
 """
 
 from __future__ import annotations
