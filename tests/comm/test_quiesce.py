@@ -152,3 +152,21 @@ def test_other_exceptions_keep_the_whole_wait():
         scope["record"](script)
     except ValueError as exc:
         assert not failed_by_collective(exc)
+
+
+def test_the_watch_forgets_its_counts_only_after_the_exit_wait(monkeypatch):
+    # The counters are how the wait sees a collective in flight; forgotten earlier (the comm step), the wait
+    # saw none and a finished rank left while its last all_reduce completed (benchmarks/clean_exit.py).
+    from npudist.comm import pg_watch
+    from npudist.comm import state as comm_state
+    from npudist.runtime.settings import Settings
+    from npudist.runtime.state import Runtime
+
+    seen: list[str] = []
+    monkeypatch.setattr(comm_state, "quiesce", lambda: seen.append("wait"))
+    monkeypatch.setattr(pg_watch, "loaded", lambda: True)
+    monkeypatch.setattr(pg_watch, "reset", lambda: seen.append("reset"))
+    rt = Runtime(Settings())
+    comm_state._attach(rt)
+    rt.close()
+    assert seen == ["wait", "reset"]

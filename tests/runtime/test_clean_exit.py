@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO, run_py
 
-JOBS = 3
+JOBS = 8
 
 
 @pytest.mark.slow

@@ -204,6 +204,11 @@ def load() -> bool:
             return False
 
 
+def loaded() -> bool:
+    """Whether load() succeeded in this process (the kernel counts every collective)."""
+    return _LOAD.ok
+
+
 def why_off() -> str | None:
     """Why load() failed in this process, or None."""
     return _LOAD.error

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from npudist.comm import constraints as _constraints
+from npudist.comm import pg_watch
 from npudist.comm.buffers import BufferPool, LayoutCache
 from npudist.comm.constraints import Constraints
 from npudist.comm.hang.reader import HangReader
@@ -70,9 +71,17 @@ def _attach(rt: Runtime) -> CommState:
         else:
             attached = False
     if attached:  # outside the lock: own() takes it
-        # The rank's last step before the interpreter finalizes, at exit too (quiesce.py says why).
-        rt.own("backend", quiesce)
+        rt.own("backend", _rest_backend)
     return rt.comm
+
+
+def _rest_backend() -> None:
+    """The rank's last step before the interpreter finalizes, at exit too (quiesce.py says why). The watch's
+    counters are what tell a collective in flight, so they are forgotten only after the wait; then the next
+    process group of this process counts from zero."""
+    quiesce()
+    if pg_watch.loaded():
+        pg_watch.reset()
 
 
 def set_debug(on: bool | None) -> None:

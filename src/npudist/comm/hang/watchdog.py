@@ -375,8 +375,6 @@ class Watchdog:
         self.standby = None
         self.agree = None
         self._who_sent = False
-        if self.native:  # the next process group of this process counts from zero
-            pg_watch.reset()
         self.native, self._native_seen = False, ()
         self._groups_sent.clear()
         self._stop.set()
