@@ -114,7 +114,9 @@ def test_a_slower_rank_is_named_the_straggler_whoever_issues_the_collectives(tmp
     flagged = re.findall(r"straggler: rank (\d+) \(.*?\) works ([\d.]+)x the median .*? over steps (\d+)-(\d+)", text)
     assert flagged, text[-3000:]
     rank, ratio, _first, last = flagged[0]
-    assert rank == "3" and float(ratio) > 1.15 and int(last) <= 60, flagged  # within 3 windows of 20 steps
+    # Within 4 windows of 20 steps: at 4 ranks the first 2 windows also learn the noise (detector.py's min_dof),
+    # and a loaded 2-core host's noise can take one more.
+    assert rank == "3" and float(ratio) > 1.15 and int(last) <= 80, flagged
 
 
 def test_a_rank_stopped_while_nothing_waits_on_it_is_named_by_its_launcher_and_the_job_lives_on(tmp_path):
