@@ -78,13 +78,13 @@ class SimState:
     rng: SimGenerator = field(default_factory=SimGenerator)
     """The simulated NPU's generator (sim/rng.py)."""
     chips: int = 8
+    """Chips of the simulated host (NPUDIST_SIM_CHIPS): what device_count() reports without a visible list."""
     initialized: bool = False
+    """A device was set or a tensor made on one (torch.npu.is_initialized)."""
     guard: Any = None
     """The simulation's C++ device guard (a ctypes library, sim/guard.py), None while it is not loaded."""
     guard_reason: str | None = "not built yet"
     """Why the guard is not loaded (sim/guard.py)."""
-    """A device was set or a tensor made on one (torch.npu.is_initialized)."""
-    """Chips of the simulated host (NPUDIST_SIM_CHIPS): what device_count() reports without a visible list."""
     row: str | None = None
     """The constraint row the simulated ``hccl`` enforces; None until the simulation is installed."""
     library: Any = None
