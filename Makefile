@@ -40,21 +40,23 @@ observe: setup
 
 # The test tiers (tests/process_guard.py): `slow` marks every test that starts a process (marked subprocess,
 # ranks, cluster or e2e; a test that starts one unmarked fails), so `-m "not slow"` starts none and runs on
-# PYTEST_WORKERS pytest-xdist workers. The slow tier runs serially: its multi-rank tests bind ports and time
+# PYTEST_WORKERS pytest-xdist workers. The tests that start one process each (only `subprocess`: a CLI, a tool,
+# a script) run there too; the rest of the slow tier runs serially: its multi-rank tests bind ports and time
 # their ranks, and must not share the cores with each other.
 PYTEST_WORKERS ?= 2
+ONE_PROCESS = subprocess and not ranks and not cluster and not e2e
 
 # The development loop: ruff and the tier that starts no process, in parallel (a few minutes on 2 cores).
 check: setup
 	$(PYTHON) -m ruff check src tests examples benchmarks
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
 
-# Everything (what CI and the README run): the check tier in parallel, then the slow tier serially; both run
-# whatever the first gave, so one CI log shows every failure.
+# Everything (what CI and the README run): the check tier and the one-process tests in parallel, then the rest
+# of the slow tier serially; both run whatever the first gave, so one CI log shows every failure.
 test: setup
 	$(PYTHON) -m ruff check src tests examples benchmarks
-	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"; fast=$$?; \
-		$(PYTHON) -m pytest -q -m slow; slow=$$?; \
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow or ($(ONE_PROCESS))"; fast=$$?; \
+		$(PYTHON) -m pytest -q -m "slow and not ($(ONE_PROCESS))"; slow=$$?; \
 		[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
 lint:
