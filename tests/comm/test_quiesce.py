@@ -155,8 +155,8 @@ def test_other_exceptions_keep_the_whole_wait():
 
 
 def test_the_watch_forgets_its_counts_only_after_the_exit_wait(monkeypatch):
-    # The counters are how the wait sees a collective in flight; forgotten earlier (the comm step), the wait
-    # saw none and a finished rank left while its last all_reduce completed (benchmarks/clean_exit.py).
+    # The counters are how the wait sees a collective in flight, so they are still there when it runs; forgetting
+    # them (for the next process group) comes after it.
     from npudist.comm import pg_watch
     from npudist.comm import state as comm_state
     from npudist.runtime.settings import Settings
